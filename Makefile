@@ -1,0 +1,37 @@
+# Every target sets up what it needs: a fresh machine needs only `make demo`
+# and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck check bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## The local demo: run the seed scenarios on the real kernel and print the table.
+demo: $(STAMP)
+	$(BIN)/unthrottle lab run scenarios/*.yaml
+
+## Lint, types, architecture contracts, then the whole test suite.
+test: $(STAMP) check
+	$(BIN)/pytest
+
+check: $(STAMP)
+	$(BIN)/ruff check operator tests bench
+	$(BIN)/ruff format --check operator tests bench
+	$(BIN)/mypy operator/unthrottle
+	$(BIN)/lint-imports
+
+bench: $(STAMP)
+	$(BIN)/python bench/simulate_speed.py
+	$(BIN)/python bench/lab_vs_model.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,46 @@
+"""The CFS bandwidth model: pure, no I/O.
+
+- :mod:`.settings`: quota / period / burst as validated integers; quantities at the edge;
+- :mod:`.series`: a per-period demand series under a quota (vectorised);
+- :mod:`.tasks`: a task workload on N cores, with ticks, phase and burst;
+- :mod:`.figures`: the figures of a run, shared with the lab.
+"""
+
+from unthrottle.cfs.figures import CpuStatDelta, Latency, RunFigures, nearest_rank
+from unthrottle.cfs.series import SeriesResult, SeriesTrace, simulate_series, trace_series
+from unthrottle.cfs.settings import (
+    DEFAULT_PERIOD_US,
+    MAX_PERIOD_US,
+    MIN_PERIOD_US,
+    MIN_QUOTA_US,
+    Bandwidth,
+    InvalidSettings,
+    format_cpu,
+    parse_cpu,
+)
+from unthrottle.cfs.tasks import DEFAULT_HZ, Machine, simulate_tasks
+from unthrottle.cfs.workload import Kind, Workload
+
+__all__ = [
+    "DEFAULT_HZ",
+    "DEFAULT_PERIOD_US",
+    "MAX_PERIOD_US",
+    "MIN_PERIOD_US",
+    "MIN_QUOTA_US",
+    "Bandwidth",
+    "CpuStatDelta",
+    "InvalidSettings",
+    "Kind",
+    "Latency",
+    "Machine",
+    "RunFigures",
+    "SeriesResult",
+    "SeriesTrace",
+    "Workload",
+    "format_cpu",
+    "nearest_rank",
+    "parse_cpu",
+    "simulate_series",
+    "simulate_tasks",
+    "trace_series",
+]

@@ -1,0 +1,237 @@
+"""Run a scenario's runs on the real kernel, each in a fresh cgroup, and measure them.
+
+One run, step by step:
+
+1. start the workers (outside any limit) and wait until each says it is ready,
+   so process start-up is never measured or throttled;
+2. create a fresh cgroup, set its bandwidth, move the workers in;
+3. *calibrate* (limited runs): the workers burn CPU until the quota runs out
+   and report when they were let run again: that instant is a period boundary.
+   The kernel's period grid has a phase of its own per cgroup, stable once the
+   cgroup exists (docs/model.md), so this fixes where the run starts against it;
+4. stay idle for four periods: the bucket refills (quota + burst) and the
+   period timer stops, as after any idle spell;
+5. start the workload at ``phase`` after a period boundary (default: on it),
+   read ``cpu.stat`` just before and just after;
+6. always, also on errors and Ctrl-C: kill the workers by PID, remove the cgroup.
+
+Only the workers run inside the cgroup; this process times and dispatches
+them from outside it.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from unthrottle.cfs.figures import CpuStatDelta, Latency, RunFigures
+from unthrottle.cfs.settings import Bandwidth
+from unthrottle.cfs.workload import Kind, Workload
+from unthrottle.cgroups import Cgroup, Layout
+from unthrottle.lab.kernel import kernel_hz
+from unthrottle.lab.processes import LabError, Workers
+from unthrottle.model.scenario import RunSpec, Scenario
+
+_names = itertools.count()
+IDLE_PERIODS = 4
+"""Idle periods between calibration and the start: enough for three refills and the timer to stop."""
+LEAD_NS = 30_000_000
+"""Time given to send every worker its first command before the common start."""
+
+
+@dataclass(frozen=True, slots=True)
+class LabOptions:
+    """How the lab runs each scenario run."""
+
+    phase_us: int = 0
+    """Where each run starts after a period boundary, µs (``simulate --phase-ms`` matches it)."""
+    cgroup_parent: str = ""
+    """Where the run cgroups are created, below each hierarchy's mount point."""
+
+
+def run_scenario(
+    scenario: Scenario,
+    layout: Layout,
+    options: LabOptions = LabOptions(),
+    *,
+    on_run: Callable[[int, RunFigures], None] | None = None,
+) -> list[RunFigures]:
+    """Run every run of a scenario in order, each in its own cgroup."""
+    workload = scenario.workload.to_workload()
+    results = []
+    for index, run in enumerate(scenario.runs):
+        figures = run_run(workload, run, layout, options)
+        results.append(figures)
+        if on_run is not None:
+            on_run(index, figures)
+    return results
+
+
+def run_run(workload: Workload, run: RunSpec, layout: Layout, options: LabOptions) -> RunFigures:
+    """Measure one run in a fresh cgroup; the cgroup and the workers are gone afterwards."""
+    bandwidth = run.bandwidth()
+    name = f"{options.cgroup_parent}/unthrottle-lab-{os.getpid()}-{next(_names)}".strip("/")
+    cgroup = Cgroup(layout, name)
+    with Workers(workload.workers) as workers:
+        cgroup.create()
+        try:
+            cgroup.write_bandwidth(bandwidth)
+            for pid in workers.pids:
+                cgroup.add_process(pid)
+            grid_ns = _calibrate(workers, bandwidth, cgroup) if bandwidth.limited else None
+            t0 = _start_time(bandwidth, grid_ns, options.phase_us)
+            sleep_until(t0 - LEAD_NS // 3)
+            before = cgroup.read_stat()
+            latencies_ns, end = _DRIVERS[workload.kind](workers, workload, t0)
+            after = cgroup.read_stat()
+        finally:
+            workers.close()
+            cgroup.remove()
+    delta = after - before
+    hz = kernel_hz()
+    tick_ns = 1_000_000_000 // hz if hz else None
+    return RunFigures(
+        limit=run.as_given(),
+        latency=Latency.of([v / 1e6 for v in latencies_ns]),
+        wall_ms=(end - t0) / 1e6,
+        stat=CpuStatDelta(
+            nr_periods=delta.nr_periods,
+            nr_throttled=delta.nr_throttled,
+            throttled_us=delta.throttled_us,
+            nr_bursts=delta.nr_bursts,
+            burst_us=delta.burst_us,
+            usage_us=delta.usage_us,
+        ),
+        extra={
+            "period_phase_ms": (
+                None
+                if grid_ns is None
+                else ((t0 - grid_ns) % (bandwidth.period_us * 1000)) / 1e6
+            ),
+            "tick_phase_ms": None if tick_ns is None else (t0 % tick_ns) / 1e6,
+            "hz": hz,
+        },
+    )
+
+
+def sleep_until(at_ns: int) -> None:
+    """Sleep until CLOCK_MONOTONIC reaches ``at_ns``."""
+    left = at_ns - time.monotonic_ns()
+    if left > 0:
+        time.sleep(left / 1e9)
+
+
+def _calibrate(workers: Workers, bandwidth: Bandwidth, cgroup: Cgroup) -> int | None:
+    """A period boundary of this cgroup (CLOCK_MONOTONIC ns), or None if the quota never ran out.
+
+    Every worker burns until it is stopped; the quota, shared, runs out within
+    about ``(quota + burst) / workers`` of CPU. The earliest resume is a boundary.
+    A stall only counts if the kernel throttled the cgroup meanwhile: being
+    preempted by another process also stops a worker for a moment.
+    """
+    assert bandwidth.quota_us is not None
+    throttled_before = cgroup.read_stat().nr_throttled
+    period_ns = bandwidth.period_us * 1000
+    limit_ns = 3 * period_ns + (bandwidth.quota_us + bandwidth.burst_us) * 1000
+    for index in range(len(workers.pids)):
+        workers.send(index, f"calibrate {limit_ns}")
+    resumes = []
+    for index in range(len(workers.pids)):
+        words = workers.read(index)
+        if words[:1] != ["stall"]:
+            raise LabError(f"worker {index}: unexpected reply {words}")
+        if int(words[2]):
+            resumes.append(int(words[2]))
+    if cgroup.read_stat().nr_throttled == throttled_before:
+        return None
+    return min(resumes) if resumes else None
+
+
+def _start_time(bandwidth: Bandwidth, grid_ns: int | None, phase_us: int) -> int:
+    now = time.monotonic_ns()
+    period_ns = bandwidth.period_us * 1000
+    if grid_ns is None:
+        return now + max(LEAD_NS, IDLE_PERIODS * period_ns)
+    earliest = now + IDLE_PERIODS * period_ns + LEAD_NS
+    boundaries = -(-(earliest - grid_ns) // period_ns)
+    return grid_ns + boundaries * period_ns + (phase_us * 1000) % period_ns
+
+
+# --- one driver per workload kind: returns (latencies ns, end of the last task ns) -----------
+
+
+def _serial(workers: Workers, workload: Workload, t0: int) -> tuple[list[int], int]:
+    for index in range(workload.workers):
+        workers.send(
+            index,
+            f"serial {t0} {workload.tasks} {workload.task_cpu_us * 1000} {workload.think_us * 1000}",
+        )
+    latencies, end = [], t0
+    for index in range(workload.workers):
+        words = workers.read(index)
+        if words[:1] != ["done"]:
+            raise LabError(f"worker {index}: unexpected reply {words[:3]}")
+        times = [int(w) for w in words[1:]]
+        for k in range(0, len(times), 2):
+            latencies.append(times[k + 1] - times[k])
+            end = max(end, times[k + 1])
+    return latencies, end
+
+
+def _end_of(workers: Workers, index: int) -> int:
+    words = workers.read(index)
+    if words[:1] != ["end"]:
+        raise LabError(f"worker {index}: unexpected reply {words}")
+    return int(words[1])
+
+
+def _batch(workers: Workers, workload: Workload, t0: int) -> tuple[list[int], int]:
+    latencies = []
+    start = t0
+    end = t0
+    cpu_ns = workload.task_cpu_us * 1000
+    for round_ in range(workload.tasks):
+        if round_:
+            start = time.monotonic_ns()
+        for index in range(workload.workers):
+            workers.send(index, f"task {cpu_ns} {start}")
+        end = max(_end_of(workers, index) for index in range(workload.workers))
+        latencies.append(end - start)
+    return latencies, end
+
+
+def _open(workers: Workers, workload: Workload, t0: int) -> tuple[list[int], int]:
+    arrivals = [t0 + round(a * 1000) for a in workload.arrivals_us()]
+    cpu_ns = workload.task_cpu_us * 1000
+    queue: collections.deque[int] = collections.deque()
+    idle = list(range(workload.workers))
+    serving: dict[int, int] = {}
+    latencies: list[int] = []
+    end = t0
+    next_arrival = 0
+    while len(latencies) < len(arrivals):
+        now = time.monotonic_ns()
+        while next_arrival < len(arrivals) and arrivals[next_arrival] <= now:
+            queue.append(arrivals[next_arrival])
+            next_arrival += 1
+        while queue and idle:
+            index = idle.pop(0)
+            serving[index] = queue.popleft()
+            workers.send(index, f"task {cpu_ns} 0")
+        timeout = None
+        if next_arrival < len(arrivals):
+            timeout = max(0.0, (arrivals[next_arrival] - time.monotonic_ns()) / 1e9)
+        for index in workers.ready(timeout):
+            stop = _end_of(workers, index)
+            latencies.append(stop - serving.pop(index))
+            end = max(end, stop)
+            idle.append(index)
+            idle.sort()
+    return latencies, end
+
+
+_DRIVERS = {Kind.SERIAL: _serial, Kind.BATCH: _batch, Kind.OPEN: _open}
