@@ -121,7 +121,7 @@ class _Dispatcher:
         self.round = 0
         self.round_start = 0.0
         self.round_left = 0
-        self.finished = 0
+        self.latencies = 0  # latencies recorded: tasks (serial, open) or rounds (batch)
 
     def start(self) -> None:
         if self.w.kind is Kind.SERIAL:
@@ -167,7 +167,7 @@ class _Dispatcher:
         """``worker`` finished its task at ``t``: record it and hand out the next one."""
         worker.remaining = 0.0
         worker.ready_at = math.inf
-        self.finished += 1
+        recorded = len(stats.latencies_us)
         kind = self.w.kind
         if kind is Kind.SERIAL:
             stats.latencies_us.append(t - worker.started)
@@ -188,10 +188,11 @@ class _Dispatcher:
                 arrival = self.queue.pop(0)
                 self._give(worker, t)
                 worker.started = arrival
+        self.latencies += len(stats.latencies_us) - recorded
 
     @property
     def all_done(self) -> bool:
-        return self.finished >= self.w.total_tasks
+        return self.latencies >= self.w.total_tasks
 
 
 def simulate_tasks(

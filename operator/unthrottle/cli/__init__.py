@@ -1,0 +1,1 @@
+"""The ``unthrottle`` command line: thin wiring over the library."""

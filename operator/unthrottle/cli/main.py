@@ -1,0 +1,155 @@
+"""``unthrottle``: find CFS throttling, prove it, fix it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from unthrottle import __version__
+from unthrottle.cfs.figures import RunFigures
+from unthrottle.cfs.tasks import DEFAULT_HZ, Machine, simulate_tasks
+from unthrottle.cgroups import CgroupError, detect_layout
+from unthrottle.cli.output import print_json, print_table
+from unthrottle.lab.kernel import kernel_hz
+from unthrottle.lab.processes import LabError
+from unthrottle.lab.runner import LabOptions, run_scenario
+from unthrottle.model.scenario import Scenario, ScenarioError, load_scenario
+
+app = typer.Typer(
+    help="Find CFS throttling, prove it on the kernel, fix it with the smallest CPU limit.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+lab_app = typer.Typer(help="Run workloads in real cgroups on this machine.", no_args_is_help=True)
+app.add_typer(lab_app, name="lab")
+
+err = Console(stderr=True)
+
+ScenarioFiles = Annotated[
+    list[Path], typer.Argument(help="Scenario files (see scenarios/README.md).", show_default=False)
+]
+JsonFlag = Annotated[
+    bool, typer.Option("--json", help="Print one JSON object per scenario instead of a table.")
+]
+PhaseMs = Annotated[
+    float,
+    typer.Option(
+        "--phase-ms", min=0, help="Start each run this long after a CFS period boundary."
+    ),
+]
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    return typer.Exit(code)
+
+
+def _load_all(paths: list[Path]) -> list[Scenario]:
+    """Validate every file before anything runs."""
+    scenarios, problems = [], []
+    for path in paths:
+        try:
+            scenarios.append(load_scenario(path))
+        except ScenarioError as error:
+            problems.append(str(error))
+    if problems:
+        raise _fail("\n".join(problems) + "\nnothing was run", 2)
+    return scenarios
+
+
+def _terminate_as_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+@app.callback(invoke_without_command=True)
+def _root(
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+) -> None:
+    if version:
+        print(__version__)
+        raise typer.Exit(0)
+
+
+@lab_app.command("run")
+def lab_run(paths: ScenarioFiles, json: JsonFlag = False, phase_ms: PhaseMs = 0.0) -> None:
+    """Run each scenario's runs in fresh cgroups on this kernel and measure them."""
+    scenarios = _load_all(paths)
+    if os.geteuid() != 0:
+        raise _fail("lab run creates cgroups and needs root", 1)
+    try:
+        layout = detect_layout()
+    except CgroupError as error:
+        raise _fail(str(error), 1) from None
+    options = LabOptions(phase_us=round(phase_ms * 1000))
+    previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    rows: list[tuple[Scenario, list[RunFigures]]] = []
+    try:
+        for scenario in scenarios:
+
+            def progress(index: int, fig: RunFigures, scenario: Scenario = scenario) -> None:
+                if not json and sys.stderr.isatty():
+                    label = scenario.runs[index].label()
+                    err.print(f"[dim]{scenario.name}: {label} done[/]", highlight=False)
+
+            runs = run_scenario(scenario, layout, options, on_run=progress)
+            rows.append((scenario, runs))
+            if json:
+                print_json(scenario, runs)
+    except KeyboardInterrupt:
+        raise _fail("interrupted; the run's cgroup and workers were removed", 130) from None
+    except (CgroupError, LabError) as error:
+        raise _fail(str(error), 1) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if not json:
+        print_table(f"lab run on this kernel ({layout.version})", rows)
+
+
+@app.command()
+def simulate(
+    paths: ScenarioFiles,
+    json: JsonFlag = False,
+    cores: Annotated[
+        int | None, typer.Option(min=1, help="Cores of the simulated machine [default: this one's]")
+    ] = None,
+    hz: Annotated[
+        int | None,
+        typer.Option(min=1, help="Kernel tick rate (CONFIG_HZ) [default: this kernel's, or 250]"),
+    ] = None,
+    phase_ms: PhaseMs = 0.0,
+    tick_phase_ms: Annotated[
+        float, typer.Option("--tick-phase-ms", min=0, help="Start this long after a tick.")
+    ] = 0.0,
+) -> None:
+    """Predict each scenario's runs with the CFS model (same figures as `lab run`)."""
+    scenarios = _load_all(paths)
+    machine = Machine(
+        cores=cores or len(os.sched_getaffinity(0)),
+        hz=hz or kernel_hz() or DEFAULT_HZ,
+        period_phase_us=round(phase_ms * 1000),
+        tick_phase_us=round(tick_phase_ms * 1000),
+    )
+    rows = []
+    for scenario in scenarios:
+        workload = scenario.workload.to_workload()
+        runs = [
+            simulate_tasks(workload, run.bandwidth(), machine, limit=run.as_given())
+            for run in scenario.runs
+        ]
+        rows.append((scenario, runs))
+        if json:
+            print_json(scenario, runs)
+    if not json:
+        print_table(f"simulated: {machine.cores} cores, HZ {machine.hz}", rows)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
