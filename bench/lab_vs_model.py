@@ -61,7 +61,8 @@ def compare(lab: list[dict[str, Any]], cores: int, hz: int) -> tuple[list[str], 
                 f"| {scenario.name} | {spec.label()} "
                 f"| {lat['p50']:.1f} / {slat['p50']:.1f} | {lat['p95']:.1f} / {slat['p95']:.1f} "
                 f"| {run['throttle_ratio']:.2f} / {sim['throttle_ratio']:.2f} "
-                f"| {run['throttled_ms']:.0f} / {sim['throttled_ms']:.0f} | {'yes' if ok else 'NO'} |"
+                f"| {run['throttled_ms']:.0f} / {sim['throttled_ms']:.0f} "
+                f"| {'yes' if ok else 'NO'} |"
             )
     return rows, misses
 

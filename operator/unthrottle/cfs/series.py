@@ -120,8 +120,9 @@ def trace_series(demand_us: Sequence[int] | IntArray, bandwidth: Bandwidth) -> S
 def simulate_series(demand_us: Sequence[int] | IntArray, bandwidth: Bandwidth) -> SeriesResult:
     """Simulate a demand series under ``bandwidth`` and sum it up like ``cpu.stat``."""
     trace = trace_series(demand_us, bandwidth)
-    carried_in = trace.used_us - trace.demand_us + trace.deferred_us
-    active = (trace.demand_us + carried_in) > 0
+    # Active periods: new demand, or work carried in from the period before.
+    active = trace.demand_us > 0
+    active[1:] |= trace.deferred_us[:-1] > 0
     nr_periods = int(np.count_nonzero(active))
     nr_throttled = int(np.count_nonzero(trace.throttled))
     if bandwidth.quota_us is None:

@@ -117,7 +117,7 @@ def parse_cpu(quantity: str | int | float) -> int:
 
 
 def format_cpu(millicores: int) -> str:
-    """Integer millicores as the shortest Kubernetes quantity: 2000 → ``"2"``, 1500 → ``"1500m"``."""
+    """Millicores as the shortest Kubernetes quantity: 2000 → ``"2"``, 1500 → ``"1500m"``."""
     if millicores < 0:
         raise ValueError(f"negative CPU amount: {millicores}m")
     if millicores % 1000 == 0:

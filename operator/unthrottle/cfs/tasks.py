@@ -150,7 +150,9 @@ class _Dispatcher:
     def arrive(self, t: float) -> list[_Worker]:
         """Requests arriving at ``t`` go to idle workers or queue; returns workers woken."""
         woken = []
-        while self.next_arrival < len(self.arrivals) and self.arrivals[self.next_arrival] <= t + _EPS:
+        while (
+            self.next_arrival < len(self.arrivals) and self.arrivals[self.next_arrival] <= t + _EPS
+        ):
             self.queue.append(self.arrivals[self.next_arrival])
             self.next_arrival += 1
         for worker in self.workers:
@@ -231,11 +233,11 @@ def simulate_tasks(
         # A worker whose task becomes runnable while the runtime is spent is throttled at once.
         nonlocal timer_active
         for worker in workers:
-            if worker.busy and worker.ready_at <= now + _EPS and not worker.throttled:
-                if limited:
-                    timer_active = True
-                    if pool <= 0 and worker.woke and worker.ready_at >= now - _EPS:
-                        worker.throttled = True
+            runnable = worker.busy and worker.ready_at <= now + _EPS and not worker.throttled
+            if runnable and limited:
+                timer_active = True
+                if pool <= 0 and worker.woke and worker.ready_at >= now - _EPS:
+                    worker.throttled = True
 
     wake_check(t)
     while not dispatch.all_done:

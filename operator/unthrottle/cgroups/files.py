@@ -56,7 +56,7 @@ def _read(path: Path) -> str:
 
 def _write(path: Path, value: str) -> None:
     try:
-        fd = os.open(path, os.O_WRONLY)
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC)  # as `echo v > file` does
     except OSError as err:
         raise explain(path, err, writing=value) from None
     try:

@@ -40,14 +40,12 @@ JsonFlag = Annotated[
 ]
 PhaseMs = Annotated[
     float,
-    typer.Option(
-        "--phase-ms", min=0, help="Start each run this long after a CFS period boundary."
-    ),
+    typer.Option("--phase-ms", min=0, help="Start each run this long after a CFS period boundary."),
 ]
 
 
 def _fail(message: str, code: int) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 

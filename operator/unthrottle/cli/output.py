@@ -27,7 +27,7 @@ def figures_table(title: str, rows: Sequence[tuple[Scenario, Sequence[RunFigures
     """A table of every run of every scenario."""
     table = Table(title=title, title_justify="left")
     for header in ("scenario", "run"):
-        table.add_column(header)
+        table.add_column(header, no_wrap=True)
     for header in ("p50 ms", "p95 ms", "p99 ms", "max ms", "wall ms"):
         table.add_column(header, justify="right")
     for header in ("periods", "throttled", "ratio", "throttled ms", "bursts", "burst ms"):
@@ -56,5 +56,5 @@ def figures_table(title: str, rows: Sequence[tuple[Scenario, Sequence[RunFigures
 def print_table(title: str, rows: Sequence[tuple[Scenario, Sequence[RunFigures]]]) -> None:
     """Print the table to stdout."""
     console = Console()
-    console.width = max(console.width, 150)  # the table is wide; let it be
+    console.width = max(console.width, 180)  # the table is wide; let it be
     console.print(figures_table(title, rows))

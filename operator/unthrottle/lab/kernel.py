@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import re
@@ -15,14 +16,10 @@ def kernel_hz(
 ) -> int | None:
     """CONFIG_HZ from /proc/config.gz or /boot/config-RELEASE; None when neither is readable."""
     candidates: list[bytes] = []
-    try:
+    with contextlib.suppress(OSError):
         candidates.append(gzip.decompress(config_gz.read_bytes()))
-    except OSError:
-        pass
-    try:
+    with contextlib.suppress(OSError):
         candidates.append((boot_dir / f"config-{os.uname().release}").read_bytes())
-    except OSError:
-        pass
     for text in candidates:
         match = _HZ.search(text)
         if match:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import selectors
@@ -37,7 +38,7 @@ class Workers:
                     [sys.executable, "-I", "-S", str(WORKER_SCRIPT)],
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
-                    preexec_fn=_die_with_parent,
+                    preexec_fn=_die_with_parent,  # noqa: PLW1509 - the lab starts no threads
                 )
                 self.procs.append(proc)
             for index in range(count):
@@ -84,10 +85,8 @@ class Workers:
         """Kill every worker by PID and reap it; safe to call twice."""
         for proc in self.procs:
             if proc.poll() is None:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
         for proc in self.procs:
             proc.wait()
             for stream in (proc.stdin, proc.stdout):

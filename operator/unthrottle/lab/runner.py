@@ -38,7 +38,7 @@ from unthrottle.model.scenario import RunSpec, Scenario
 
 _names = itertools.count()
 IDLE_PERIODS = 4
-"""Idle periods between calibration and the start: enough for three refills and the timer to stop."""
+"""Idle periods between calibration and the start: three refills, and the timer stops."""
 LEAD_NS = 30_000_000
 """Time given to send every worker its first command before the common start."""
 
@@ -108,9 +108,7 @@ def run_run(workload: Workload, run: RunSpec, layout: Layout, options: LabOption
         ),
         extra={
             "period_phase_ms": (
-                None
-                if grid_ns is None
-                else ((t0 - grid_ns) % (bandwidth.period_us * 1000)) / 1e6
+                None if grid_ns is None else ((t0 - grid_ns) % (bandwidth.period_us * 1000)) / 1e6
             ),
             "tick_phase_ms": None if tick_ns is None else (t0 % tick_ns) / 1e6,
             "hz": hz,
@@ -168,7 +166,8 @@ def _serial(workers: Workers, workload: Workload, t0: int) -> tuple[list[int], i
     for index in range(workload.workers):
         workers.send(
             index,
-            f"serial {t0} {workload.tasks} {workload.task_cpu_us * 1000} {workload.think_us * 1000}",
+            f"serial {t0} {workload.tasks} {workload.task_cpu_us * 1000} "
+            f"{workload.think_us * 1000}",
         )
     latencies, end = [], t0
     for index in range(workload.workers):

@@ -1,0 +1,71 @@
+"""The real-kernel lab: it measures throttling, and it always cleans up (root only)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import worker_pids
+from unthrottle.cgroups import Layout
+from unthrottle.lab import LabOptions, run_scenario
+from unthrottle.model.scenario import parse_scenario
+
+pytestmark = pytest.mark.kernel
+UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
+
+QUICK = parse_scenario(
+    {
+        "name": "quick",
+        "workload": {"kind": "serial", "task_cpu_ms": 8, "workers": 1, "tasks": 12},
+        "runs": [{}, {"cpus": 0.2, "period_ms": 20}],
+    }
+)
+
+
+def test_a_limited_run_is_slower_and_throttled_and_leaves_nothing(layout: Layout) -> None:
+    before = worker_pids()
+    free, limited = run_scenario(QUICK, layout, LabOptions())
+    assert free.latency.p50 == pytest.approx(8, abs=2)
+    assert free.stat.nr_throttled == 0
+    # 8 ms of work at 4 ms per 20 ms period: each task waits out at least one period.
+    assert limited.latency.p50 > 20
+    assert limited.stat.nr_throttled >= 10
+    assert limited.stat.throttle_ratio > 0.5
+    assert limited.extra["period_phase_ms"] is not None
+    assert worker_pids() <= before
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_an_interrupted_lab_removes_its_cgroups_and_ends_its_workers(
+    layout: Layout, tmp_path: Path, sig: signal.Signals
+) -> None:
+    long = tmp_path / "long.yaml"
+    long.write_text(
+        "name: long\nworkload: {kind: serial, task_cpu_ms: 20, workers: 2, tasks: 500}\n"
+        "runs: [{cpus: 0.3}]\n"
+    )
+    before = worker_pids()
+    proc = subprocess.Popen(
+        [str(UNTHROTTLE), "lab", "run", str(long)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not list(layout.cpu_root.glob("unthrottle-lab-*")):
+            time.sleep(0.05)
+        assert list(layout.cpu_root.glob("unthrottle-lab-*")), "the run never started"
+        time.sleep(0.8)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130
+    assert b"interrupted" in err
+    assert worker_pids() <= before
+    # The layout fixture asserts that no cgroup is left.
