@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck check bench clean
+.PHONY: demo test check bench clean venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,9 +15,11 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-## The local demo: run the seed scenarios on the real kernel and print the table.
+## The local demo: the seed scenarios on this kernel (root), then the model's prediction.
 demo: $(STAMP)
-	$(BIN)/unthrottle lab run scenarios/*.yaml
+	@if [ "$$(id -u)" = 0 ]; then $(BIN)/unthrottle lab run scenarios/*.yaml; \
+	else echo "lab run needs root (it creates cgroups); showing the model only"; fi
+	$(BIN)/unthrottle simulate scenarios/*.yaml
 
 ## Lint, types, architecture contracts, then the whole test suite.
 test: $(STAMP) check

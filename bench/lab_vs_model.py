@@ -4,8 +4,7 @@
     python bench/lab_vs_model.py --from FILE.jsonl   # compares a saved `lab run --json`
 
 Each run is simulated at the period and tick phase the lab measured for it, on
-this machine's cores and HZ. Agreement (issue 2): throttle ratio within ±0.05
-absolute, p50 and p95 within 15 % or 3 ms. Prints a Markdown table.
+this machine's cores and HZ (unthrottle.lab.agreement). Prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -16,55 +15,34 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
-from unthrottle.cfs.tasks import DEFAULT_HZ, Machine, simulate_tasks
-from unthrottle.lab.kernel import kernel_hz
+from unthrottle.cfs.figures import CpuStatDelta, Latency, RunFigures
+from unthrottle.lab.agreement import compare
 from unthrottle.model.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))
+_FIGURE_KEYS = {"limit", "latency_ms", "wall_ms", "nr_periods", "nr_throttled", "throttled_ms",
+                "nr_bursts", "burst_ms", "throttle_ratio", "usage_ms"}  # fmt: skip
 
 
-def close(measured: float, predicted: float) -> bool:
-    """Within 15 % or 3 ms."""
-    return abs(measured - predicted) <= max(3.0, 0.15 * measured)
-
-
-def compare(lab: list[dict[str, Any]], cores: int, hz: int) -> tuple[list[str], int]:
-    rows = [
-        "| scenario | run | p50 lab / model | p95 lab / model | ratio lab / model "
-        "| throttled ms lab / model | agree |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    misses = 0
-    by_name = {load_scenario(p).name: load_scenario(p) for p in SCENARIOS}
-    for entry in lab:
-        scenario = by_name[entry["name"]]
-        workload = scenario.workload.to_workload()
-        for spec, run in zip(scenario.runs, entry["runs"], strict=True):
-            machine = Machine(
-                cores=cores,
-                hz=run.get("hz") or hz,
-                period_phase_us=round((run.get("period_phase_ms") or 0) * 1000),
-                tick_phase_us=round((run.get("tick_phase_ms") or 0) * 1000),
-            )
-            sim = simulate_tasks(workload, spec.bandwidth(), machine).to_json()
-            lat, slat = run["latency_ms"], sim["latency_ms"]
-            ok = (
-                abs(run["throttle_ratio"] - sim["throttle_ratio"]) <= 0.05
-                and close(lat["p50"], slat["p50"])
-                and close(lat["p95"], slat["p95"])
-            )
-            misses += not ok
-            rows.append(
-                f"| {scenario.name} | {spec.label()} "
-                f"| {lat['p50']:.1f} / {slat['p50']:.1f} | {lat['p95']:.1f} / {slat['p95']:.1f} "
-                f"| {run['throttle_ratio']:.2f} / {sim['throttle_ratio']:.2f} "
-                f"| {run['throttled_ms']:.0f} / {sim['throttled_ms']:.0f} "
-                f"| {'yes' if ok else 'NO'} |"
-            )
-    return rows, misses
+def figures_from_json(run: dict[str, object]) -> RunFigures:
+    """A run as `lab run --json` printed it, back into figures."""
+    lat = run["latency_ms"]
+    assert isinstance(lat, dict)
+    return RunFigures(
+        limit=dict(run["limit"]),  # type: ignore[call-overload]
+        latency=Latency(lat["p50"], lat["p95"], lat["p99"], lat["max"]),
+        wall_ms=float(run["wall_ms"]),  # type: ignore[arg-type]
+        stat=CpuStatDelta(
+            nr_periods=int(run["nr_periods"]),  # type: ignore[call-overload]
+            nr_throttled=int(run["nr_throttled"]),  # type: ignore[call-overload]
+            throttled_us=round(float(run["throttled_ms"]) * 1000),  # type: ignore[arg-type]
+            nr_bursts=int(run["nr_bursts"]),  # type: ignore[call-overload]
+            burst_us=round(float(run["burst_ms"]) * 1000),  # type: ignore[arg-type]
+        ),
+        extra={k: v for k, v in run.items() if k not in _FIGURE_KEYS},
+    )
 
 
 def main() -> int:
@@ -76,18 +54,32 @@ def main() -> int:
         text = args.source.read_text()
     else:
         exe = Path(sys.executable).with_name("unthrottle")
-        out = subprocess.run(
-            [str(exe), "lab", "run", "--json", *map(str, SCENARIOS)],
-            check=True,
-            capture_output=True,
-            text=True,
-        )
-        text = out.stdout
+        cmd = [str(exe), "lab", "run", "--json", *map(str, SCENARIOS)]
+        text = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
         if args.save:
             args.save.write_text(text)
-    lab = [json.loads(line) for line in text.splitlines() if line.strip()]
-    rows, misses = compare(lab, len(os.sched_getaffinity(0)), kernel_hz() or DEFAULT_HZ)
-    print("\n".join(rows))
+    scenarios = {s.name: s for s in map(load_scenario, SCENARIOS)}
+    cores = len(os.sched_getaffinity(0))
+    print("| scenario | run | p50 ms lab / model | p95 ms lab / model | ratio lab / model "
+          "| throttled ms lab / model | agree |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    misses = 0
+    for line in filter(str.strip, text.splitlines()):
+        entry = json.loads(line)
+        scenario = scenarios[entry["name"]]
+        workload = scenario.workload.to_workload()
+        for spec, run in zip(scenario.runs, entry["runs"], strict=True):
+            c = compare(workload, spec, figures_from_json(run), cores)
+            m, p = c.measured, c.predicted
+            misses += bool(c.misses)
+            print(
+                f"| {scenario.name} | {spec.label()} "
+                f"| {m.latency.p50:.1f} / {p.latency.p50:.1f} "
+                f"| {m.latency.p95:.1f} / {p.latency.p95:.1f} "
+                f"| {m.stat.throttle_ratio:.2f} / {p.stat.throttle_ratio:.2f} "
+                f"| {m.stat.throttled_us / 1000:.0f} / {p.stat.throttled_us / 1000:.0f} "
+                f"| {'; '.join(c.misses) or 'yes'} |"
+            )
     print(f"\n{misses} run(s) outside the tolerance")
     return 1 if misses else 0
 

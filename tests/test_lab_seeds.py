@@ -8,13 +8,14 @@ enough for a loaded CI machine; the exact figures are in docs/benchmarks.md.
 
 from __future__ import annotations
 
-from typing import Any
+import os
 
 import pytest
 
 from conftest import KERNEL_LAYOUT, SCENARIOS
-from unthrottle.cfs import DEFAULT_HZ, Machine, RunFigures, simulate_tasks
+from unthrottle.cfs import RunFigures
 from unthrottle.lab import LabOptions, run_scenario
+from unthrottle.lab.agreement import compare
 from unthrottle.model.scenario import load_scenario
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
@@ -75,33 +76,30 @@ def test_an_open_pool_queues_behind_a_tight_limit(lab: Lab) -> None:
     assert loose.stat.throttle_ratio < 0.1
 
 
-def _agree(measured: float, predicted: float) -> bool:
-    return abs(measured - predicted) <= max(3.0, 0.15 * measured)
-
-
 def test_the_model_agrees_with_the_kernel_run_by_run(lab: Lab) -> None:
+    """Each run against the model at the phase the lab measured.
+
+    A lab run is a physical measurement on a shared 2-core machine: a scenario
+    that disagrees is measured once more, and only a second disagreement fails.
+    """
+    assert KERNEL_LAYOUT is not None
+    cores = len(os.sched_getaffinity(0))
     misses: list[str] = []
     for path in SCENARIOS:
         scenario = load_scenario(path)
         workload = scenario.workload.to_workload()
-        for spec, measured in zip(scenario.runs, lab[scenario.name], strict=True):
-            extra: dict[str, Any] = measured.extra
-            machine = Machine(
-                cores=2 if workload.workers <= 2 else workload.workers,
-                hz=extra["hz"] or DEFAULT_HZ,
-                period_phase_us=round((extra["period_phase_ms"] or 0) * 1000),
-                tick_phase_us=round((extra["tick_phase_ms"] or 0) * 1000),
+        for attempt in range(2):
+            measured = (
+                lab[scenario.name]
+                if attempt == 0
+                else run_scenario(scenario, KERNEL_LAYOUT, LabOptions())
             )
-            predicted = simulate_tasks(workload, spec.bandwidth(), machine)
-            checks = {
-                "ratio": abs(measured.stat.throttle_ratio - predicted.stat.throttle_ratio) <= 0.05,
-                "p50": _agree(measured.latency.p50, predicted.latency.p50),
-                "p95": _agree(measured.latency.p95, predicted.latency.p95),
-            }
-            misses += [
-                f"{scenario.name} / {spec.label()}: {k} lab {measured.to_json()} model "
-                f"{predicted.to_json()}"
-                for k, ok in checks.items()
-                if not ok
+            found = [
+                f"{scenario.name} / {spec.label()}: {'; '.join(c.misses)}"
+                for spec, fig in zip(scenario.runs, measured, strict=True)
+                if (c := compare(workload, spec, fig, cores)).misses
             ]
+            if not found:
+                break
+        misses += found
     assert not misses, "\n".join(misses)
