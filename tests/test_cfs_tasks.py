@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from unthrottle.cfs import Bandwidth, Kind, Machine, RunFigures, Workload, simulate_tasks
+from unthrottle.cfs.tasks import Accounting
 
 TWO_CORES = Machine(cores=2)
 
@@ -72,17 +75,36 @@ class TestSeedPhenomena:
 
 
 class TestKernelDetails:
-    def test_the_quota_is_enforced_at_ticks_so_a_thread_overruns_and_repays(self) -> None:
+    def test_a_thread_that_only_computes_is_stopped_at_a_tick_and_repays_the_overrun(
+        self,
+    ) -> None:
         # One busy thread, 50 ms quota, ticks every 4 ms starting with the period:
         # the kernel stops it after 52 ms, then 48 ms (repaying 2 ms), alternately,
         # as measured on this project's machines. 52 + 48 + 52 by 300 ms, 48 more.
         work = Workload(Kind.SERIAL, task_cpu_us=200_000, workers=1, tasks=1)
-        fig = run(work, Bandwidth(50_000), Machine(cores=1, hz=250))
+        fig = run(work, Bandwidth(50_000), Machine(cores=1, hz=250, accounting=Accounting.TICK))
         assert fig.wall_ms == pytest.approx(348)
+
+    def test_a_thread_making_syscalls_is_stopped_as_soon_as_the_runtime_is_spent(self) -> None:
+        work = Workload(Kind.SERIAL, task_cpu_us=200_000, workers=1, tasks=1)
+        fig = run(work, Bandwidth(50_000), Machine(cores=1))
+        assert fig.wall_ms == pytest.approx(350)  # 50 ms in each of four periods
+
+    def test_a_sleeping_thread_keeps_1ms_of_runtime_across_the_refill(self) -> None:
+        # A 12.6 ms task, a boundary while it sleeps, then two more (25.2 ms) in one 25 ms
+        # period: they fit only with the 1 ms its CPU kept (measured: 25.98 ms used of 25).
+        work = Workload(Kind.SERIAL, task_cpu_us=12_600, workers=1, tasks=3, think_us=10_000)
+        machine = Machine(cores=1, period_phase_us=80_000)  # first boundary 20 ms in
+        kept = run(work, Bandwidth(25_000), machine)
+        bare = run(work, Bandwidth(25_000), replace(machine, retained_us=0))
+        assert kept.stat.nr_throttled == 0
+        assert bare.stat.nr_throttled == 1
+        assert bare.latency.max > 50
 
     def test_a_higher_tick_rate_means_less_overrun(self) -> None:
         work = Workload(Kind.SERIAL, task_cpu_us=200_000, workers=1, tasks=1)
-        fig = run(work, Bandwidth(50_000), Machine(cores=1, hz=1000))
+        machine = Machine(cores=1, hz=1000, accounting=Accounting.TICK)
+        fig = run(work, Bandwidth(50_000), machine)
         assert fig.wall_ms == pytest.approx(350, abs=1)
 
     def test_the_period_phase_moves_the_throttling(self) -> None:
@@ -134,6 +156,12 @@ class TestInvariants:
 
     @settings(max_examples=200, deadline=None)
     @given(workloads, st.integers(1, 4))
-    def test_a_limit_of_every_core_never_throttles(self, workload: Workload, cores: int) -> None:
-        fig = simulate_tasks(workload, Bandwidth(cores * 100_000), Machine(cores=cores))
+    def test_a_quota_over_every_core_plus_their_slices_never_throttles(
+        self, workload: Workload, cores: int
+    ) -> None:
+        # Exactly every core is not enough when all are busy: runtime a CPU holds at a
+        # boundary (up to one 5 ms slice) came out of the pool, as in the kernel.
+        machine = Machine(cores=cores)
+        quota = cores * (100_000 + machine.slice_us)
+        fig = simulate_tasks(workload, Bandwidth(quota), machine)
         assert fig.stat.nr_throttled == 0

@@ -97,7 +97,7 @@ def test_the_model_agrees_with_the_kernel_run_by_run(lab: Lab) -> None:
             found = [
                 f"{scenario.name} / {spec.label()}: {'; '.join(c.misses)}"
                 for spec, fig in zip(scenario.runs, measured, strict=True)
-                if (c := compare(workload, spec, fig, cores)).misses
+                if (c := compare(workload, spec, fig, cores, scenario=scenario.name)).misses
             ]
             if not found:
                 break

@@ -7,23 +7,28 @@ kernel, see docs/model.md):
   busy threads drain it twice as fast as one.
 - **Refill at period boundaries**, ``runtime = min(left + quota, quota + burst)``
   (the kernel's token bucket); debt from an overrun is paid first.
-- **Enforcement at scheduler ticks.** A running thread is only stopped at a
-  tick (every ``1/HZ`` s; HZ = 250 gives 4 ms) once the runtime is spent, so it
-  overruns the quota by up to one tick, and that overrun is owed by the next
-  period. A thread that *wakes* when the runtime is spent is stopped at once.
-- **Throttling is per CPU.** Each running worker sits on its own CPU's run
-  queue; one is stopped at its tick while another still runs. ``throttled``
-  time adds up over CPUs, as the kernel's ``throttled_time`` does.
+- **When the kernel notices.** A thread that makes syscalls (real services;
+  the lab's workers, which read their own CPU clock) is stopped as soon as the
+  runtime is spent. A thread that only computes is stopped at the next
+  scheduler tick, overrunning by up to ``1/HZ`` and repaying it next period
+  (``Accounting.TICK``). A thread that *wakes* when the runtime is spent is
+  stopped at once.
+- **Runtime kept by a sleeping CPU.** When a worker sleeps, its CPU's run
+  queue keeps up to 1 ms (``min_cfs_rq_runtime``); that survives the refill, so
+  the next period offers the quota plus it (modelled while workers ≤ cores).
+- **Throttling is per CPU.** ``throttled`` time adds up over CPUs with work
+  waiting, as the kernel's ``throttled_time`` does.
 - **The period timer runs only while the cgroup is active**: a boundary counts
   in ``nr_periods`` while the cgroup used CPU since the previous one (plus the
   first idle period, at whose end the timer stops), and in ``nr_throttled``
   when a worker was throttled at it.
-- **Phase.** Where the workload starts relative to the period boundaries and
-  to the ticks (``Machine.period_phase_us``, ``Machine.tick_phase_us``).
+- **Phase and wake-up.** Where the workload starts against the period
+  boundaries and the ticks, and how late a sleeping worker runs after its task
+  is due (``Machine``).
 - **More workers than cores** share the cores evenly (processor sharing).
 
-Not modelled: the per-CPU 5 ms runtime slices and their slack return, wake-up
-and context-switch latency, other load on the machine, SMT. The run starts
+Not modelled: the per-CPU 5 ms runtime slices (they split the quota between
+CPUs, they do not change it), other load on the machine, SMT. The run starts
 after an idle spell, with a full bucket.
 """
 
@@ -31,14 +36,26 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from unthrottle.cfs.figures import CpuStatDelta, Latency, RunFigures
 from unthrottle.cfs.settings import Bandwidth
 from unthrottle.cfs.workload import Kind, Workload
 
 _EPS = 1e-6  # µs; events closer than this are simultaneous
+_SNAP = 1e-3  # µs; an event this close before a period boundary happens at the boundary
 DEFAULT_HZ = 250
 """CONFIG_HZ of most distribution kernels (Debian, Ubuntu); RHEL uses 1000."""
+
+
+class Accounting(StrEnum):
+    """When the kernel notices that the runtime is spent."""
+
+    IMMEDIATE = "immediate"
+    """At once: the thread makes syscalls or other scheduler events (real services do;
+    reading its own CPU clock runs ``update_curr``). The lab's workers are such threads."""
+    TICK = "tick"
+    """At the next scheduler tick: a thread that only computes overruns by up to 1/HZ."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +70,15 @@ class Machine:
     """Time from the last period boundary to the workload's start, in [0, period)."""
     tick_phase_us: int = 0
     """Time from the last tick to the workload's start, in [0, 1/HZ)."""
+    wakeup_us: int = 0
+    """Delay from a sleeping worker's due time to its running (timer slack, wake-up)."""
+    accounting: Accounting = Accounting.IMMEDIATE
+    """When a spent runtime stops the threads (see :class:`Accounting`)."""
+    slice_us: int = 5000
+    """Runtime a CPU draws from the quota at a time (``sched_cfs_bandwidth_slice_us``). A CPU's
+    runtime is its own until spent: it survives the period refill."""
+    retained_us: int = 1000
+    """Runtime a CPU keeps when its thread sleeps (``min_cfs_rq_runtime``); the rest goes back."""
 
     def __post_init__(self) -> None:
         if self.cores < 1:
@@ -74,12 +100,19 @@ class _Worker:
     ready_at: float = math.inf  # when the current task may run
     started: float = 0.0  # when the current task counts from (latency start)
     done: int = 0  # tasks finished (serial)
-    throttled: bool = False
+    cpu: int = 0  # the run queue it sits on
+    placed: bool = False  # on a run queue for its current task
     woke: bool = True  # the task follows a sleep (a scheduling event), not a running loop
 
     @property
     def busy(self) -> bool:
         return self.remaining > 0
+
+
+@dataclass(slots=True)
+class _Cpu:
+    local: float = 0.0  # runtime drawn from the quota and not yet spent (< 0: a debt)
+    throttled: bool = False
 
 
 @dataclass(slots=True)
@@ -112,8 +145,9 @@ class _Stats:
 class _Dispatcher:
     """Hands tasks to workers the way each workload kind does."""
 
-    def __init__(self, workload: Workload, workers: list[_Worker]) -> None:
+    def __init__(self, workload: Workload, workers: list[_Worker], wakeup_us: float = 0) -> None:
         self.w = workload
+        self.wakeup_us = wakeup_us
         self.workers = workers
         self.arrivals = workload.arrivals_us() if workload.kind is Kind.OPEN else []
         self.next_arrival = 0  # index into arrivals
@@ -132,9 +166,11 @@ class _Dispatcher:
 
     def _give(self, worker: _Worker, start: float, *, woke: bool = True) -> None:
         worker.remaining = float(self.w.task_cpu_us)
-        worker.ready_at = start
+        # A worker that sleeps runs a little after its task is due; latency counts from due.
+        worker.ready_at = start + (self.wakeup_us if woke else 0)
         worker.started = start
         worker.woke = woke
+        worker.placed = not woke  # a worker that goes straight on stays where it is
 
     def _start_round(self, t: float) -> None:
         self.round_start = t
@@ -204,7 +240,13 @@ def simulate_tasks(
     *,
     limit: dict[str, float] | None = None,
 ) -> RunFigures:
-    """Predict one run: latency percentiles, wall time and ``cpu.stat`` figures."""
+    """Predict one run: latency percentiles, wall time and ``cpu.stat`` figures.
+
+    Each worker stands for its CPU's run queue. It runs on runtime its CPU drew
+    from the pool in slices; when that is spent and the pool cannot give more,
+    it is throttled until a refill pays its debt. With more workers than cores,
+    slices shrink in proportion, so the CPUs together still hold what they would.
+    """
     quota = bandwidth.quota_us
     limited = quota is not None
     period = float(bandwidth.period_us)
@@ -217,95 +259,145 @@ def simulate_tasks(
         next_boundary=period - phase if phase else period,
         next_tick=machine.tick_us - tick_phase if tick_phase else machine.tick_us,
     )
+    slice_us = float(machine.slice_us)
+    keep_us = float(machine.retained_us)
+    at_ticks = machine.accounting is Accounting.TICK
     pool = float(quota) + burst if quota is not None else math.inf
     snap = pool  # runtime at the last refill, for burst accounting
     timer_active = False
     used_since_boundary = 0.0
 
-    workers = [_Worker() for _ in range(workload.workers)]
+    cpus = [_Cpu() for _ in range(min(machine.cores, workload.workers))]
+    workers = [_Worker(cpu=i % len(cpus)) for i in range(workload.workers)]
     stats = _Stats()
-    dispatch = _Dispatcher(workload, workers)
+    dispatch = _Dispatcher(workload, workers, machine.wakeup_us)
     dispatch.start()
     t = 0.0
     end = 0.0
 
+    def draw(cpu: _Cpu) -> bool:
+        """Top up a CPU's runtime from the pool (``assign_cfs_rq_runtime``); False: throttle."""
+        nonlocal pool
+        if cpu.local > _EPS:
+            return True
+        take = min(slice_us - cpu.local, max(pool, 0.0))
+        cpu.local += take
+        pool -= take
+        return cpu.local > _EPS
+
+    def wanting(worker: _Worker, now: float) -> bool:
+        return worker.busy and worker.ready_at <= now + _EPS
+
+    def runnable(worker: _Worker, now: float) -> bool:
+        return wanting(worker, now) and worker.placed and not cpus[worker.cpu].throttled
+
+    def queued(index: int, now: float) -> int:
+        return sum(1 for w in workers if w.cpu == index and w.placed and wanting(w, now))
+
     def wake_check(now: float) -> None:
-        # A worker whose task becomes runnable while the runtime is spent is throttled at once.
+        # A waking worker goes to the least busy CPU (its last one on a tie), as wake-up
+        # balancing does; if that CPU's runtime is spent and the pool is empty, it is stopped.
         nonlocal timer_active
         for worker in workers:
-            runnable = worker.busy and worker.ready_at <= now + _EPS and not worker.throttled
-            if runnable and limited:
+            if worker.placed or not wanting(worker, now):
+                continue
+            loads = [queued(i, now) for i in range(len(cpus))]
+            best = min(loads)
+            worker.cpu = worker.cpu if loads[worker.cpu] == best else loads.index(best)
+            worker.placed = True
+            if limited:
                 timer_active = True
-                if pool <= 0 and worker.woke and worker.ready_at >= now - _EPS:
-                    worker.throttled = True
+                if not cpus[worker.cpu].throttled and not draw(cpus[worker.cpu]):
+                    cpus[worker.cpu].throttled = True
 
     wake_check(t)
     while not dispatch.all_done:
-        running = [w for w in workers if w.busy and w.ready_at <= t + _EPS and not w.throttled]
-        waiting_throttled = [w for w in workers if w.busy and w.throttled]
+        running = [w for w in workers if runnable(w, t)]
         n = len(running)
-        rate = min(1.0, machine.cores / n) if n else 0.0
-        drain = rate * n
+        sharing = [0] * len(cpus)  # each CPU is shared evenly by its running workers
+        for worker in running:
+            sharing[worker.cpu] += 1
+        cpu_rate = [1.0 if k else 0.0 for k in sharing]
 
         candidates = [dispatch.next_event()]
         candidates += [w.ready_at for w in workers if w.busy and w.ready_at > t + _EPS]
         if n:
-            candidates.append(t + min(w.remaining for w in running) / rate)
-        if limited and (timer_active or waiting_throttled):
+            candidates.append(t + min(w.remaining * sharing[w.cpu] for w in running))
+        if limited and (timer_active or any(c.throttled for c in cpus)):
             candidates.append(clock.next_boundary)
         if limited and n:
-            exhausted = t + max(pool, 0.0) / drain
-            candidates.append(clock.first_tick_at_or_after(exhausted))
+            if at_ticks:
+                candidates.append(clock.next_tick)
+            else:
+                candidates += [
+                    t + c.local / r for c, r in zip(cpus, cpu_rate, strict=True)
+                    if r > 0 and c.local > _EPS
+                ]  # fmt: skip
         nxt = min(candidates)
+        if limited and 0 < clock.next_boundary - nxt < _SNAP:
+            nxt = clock.next_boundary  # the same instant, up to float error: refill first
         if nxt == math.inf:  # pragma: no cover - a stuck simulation is a bug
             raise RuntimeError("simulation stalled with work left")
         dt = max(0.0, nxt - t)
 
         # Advance.
         for worker in running:
-            worker.remaining -= rate * dt
-        used = drain * dt
+            worker.remaining -= dt / sharing[worker.cpu]
+        if limited:
+            for cpu, r in zip(cpus, cpu_rate, strict=True):
+                cpu.local -= r * dt
+        used = sum(cpu_rate) * dt
         stats.usage_us += used
         used_since_boundary += used
-        if limited:
-            pool -= used
-        stats.throttled_us += min(len(waiting_throttled), machine.cores) * dt
+        stalled = {w.cpu for w in workers if wanting(w, t) and cpus[w.cpu].throttled}
+        stats.throttled_us += len(stalled) * dt
         t = nxt
 
-        # Tasks that finished.
-        for worker in running:
-            if worker.remaining <= _EPS:
-                dispatch.complete(worker, t, stats)
-                end = t
-        # Period boundary: count, refill, unthrottle, maybe stop the timer. A refill that
-        # falls on a tick comes first, so a quota covering every CPU never throttles.
+        # Tasks that finished. A CPU whose run queue empties (no worker on it goes straight on
+        # without sleeping) gives back its runtime beyond `retained_us`.
+        finished = [w for w in running if w.remaining <= _EPS]
+        for worker in finished:
+            dispatch.complete(worker, t, stats)
+            end = t
+        for index in {w.cpu for w in finished}:
+            goes_on = any(w.cpu == index and wanting(w, t) and not w.woke for w in workers) or any(
+                w.cpu == index and runnable(w, t) and w.ready_at < t - _EPS for w in workers
+            )
+            if limited and not goes_on and cpus[index].local > keep_us:
+                pool += cpus[index].local - keep_us
+                cpus[index].local = keep_us
+        # Period boundary: count, refill, pay debts and unthrottle, maybe stop the timer. A
+        # refill that falls on a tick comes first, so a quota covering every CPU never throttles.
         while limited and clock.next_boundary <= t + _EPS:
             if timer_active:
                 assert quota is not None
-                throttled_now = any(w.throttled for w in workers)
+                throttled_now = any(c.throttled for c in cpus)
                 stats.nr_periods += 1
                 stats.nr_throttled += int(throttled_now)
-                spent = snap - pool  # global runtime consumed in the period
-                pool_after = pool + quota
+                spent = snap - pool  # global runtime handed out in the period
                 if spent > quota + _EPS and burst > 0:
                     stats.nr_bursts += 1
                     stats.burst_us += spent - quota
-                pool = min(pool_after, quota + burst)
-                snap = max(pool, 0.0)
-                if pool > 0:
-                    for worker in workers:
-                        worker.throttled = False
+                pool = min(pool + quota, quota + burst)
+                snap = pool
+                for cpu in cpus:
+                    debt = max(0.0, -cpu.local)
+                    if cpu.throttled and pool > debt:
+                        pool -= debt
+                        cpu.local = 0.0
+                        cpu.throttled = False
                 if used_since_boundary <= _EPS and not throttled_now:
                     timer_active = False
             used_since_boundary = 0.0
             clock.next_boundary += clock.period
-        # Ticks: a running worker is stopped once the runtime is spent.
+        # Spent runtime stops a CPU's workers: at once, or at the next tick.
+        at_tick = clock.next_tick <= t + _EPS
         while clock.next_tick <= t + _EPS:
-            if limited and pool <= _EPS:
-                for worker in workers:
-                    if worker.busy and worker.ready_at <= t + _EPS:
-                        worker.throttled = True
             clock.next_tick += clock.tick
+        if limited and (at_tick or not at_ticks):
+            for index, cpu in enumerate(cpus):
+                if any(w.cpu == index and runnable(w, t) for w in workers) and not draw(cpu):
+                    cpu.throttled = True
         # Arrivals and wake-ups.
         dispatch.arrive(t)
         wake_check(t)

@@ -14,7 +14,7 @@ from rich.console import Console
 
 from unthrottle import __version__
 from unthrottle.cfs.figures import RunFigures
-from unthrottle.cfs.tasks import DEFAULT_HZ, Machine, simulate_tasks
+from unthrottle.cfs.tasks import DEFAULT_HZ, Accounting, Machine, simulate_tasks
 from unthrottle.cgroups import CgroupError, detect_layout
 from unthrottle.cli.output import print_json, print_table
 from unthrottle.lab.kernel import kernel_hz
@@ -125,6 +125,17 @@ def simulate(
     tick_phase_ms: Annotated[
         float, typer.Option("--tick-phase-ms", min=0, help="Start this long after a tick.")
     ] = 0.0,
+    wakeup_ms: Annotated[
+        float,
+        typer.Option("--wakeup-ms", min=0, help="A sleeping worker runs this long after due."),
+    ] = 0.0,
+    tick_accounting: Annotated[
+        bool,
+        typer.Option(
+            "--tick-accounting",
+            help="Threads that only compute: the quota is enforced at ticks, not at once.",
+        ),
+    ] = False,
 ) -> None:
     """Predict each scenario's runs with the CFS model (same figures as `lab run`)."""
     scenarios = _load_all(paths)
@@ -133,6 +144,8 @@ def simulate(
         hz=hz or kernel_hz() or DEFAULT_HZ,
         period_phase_us=round(phase_ms * 1000),
         tick_phase_us=round(tick_phase_ms * 1000),
+        wakeup_us=round(wakeup_ms * 1000),
+        accounting=Accounting.TICK if tick_accounting else Accounting.IMMEDIATE,
     )
     rows = []
     for scenario in scenarios:

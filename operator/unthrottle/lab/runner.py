@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import itertools
 import os
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -86,7 +87,8 @@ def run_run(workload: Workload, run: RunSpec, layout: Layout, options: LabOption
             t0 = _start_time(bandwidth, grid_ns, options.phase_us)
             sleep_until(t0 - LEAD_NS // 3)
             before = cgroup.read_stat()
-            latencies_ns, end = _DRIVERS[workload.kind](workers, workload, t0)
+            wakeups: list[int] = []
+            latencies_ns, end = _DRIVERS[workload.kind](workers, workload, t0, wakeups)
             after = cgroup.read_stat()
         finally:
             workers.close()
@@ -112,6 +114,9 @@ def run_run(workload: Workload, run: RunSpec, layout: Layout, options: LabOption
             ),
             "tick_phase_ms": None if tick_ns is None else (t0 % tick_ns) / 1e6,
             "hz": hz,
+            # How long after its task was due (or sent) a sleeping worker began: the
+            # wake-up and dispatch latency the model can take as Machine.wakeup_us.
+            "wakeup_ms": round(statistics.median(wakeups) / 1e6, 4) if wakeups else 0.0,
         },
     )
 
@@ -162,7 +167,9 @@ def _start_time(bandwidth: Bandwidth, grid_ns: int | None, phase_us: int) -> int
 # --- one driver per workload kind: returns (latencies ns, end of the last task ns) -----------
 
 
-def _serial(workers: Workers, workload: Workload, t0: int) -> tuple[list[int], int]:
+def _serial(
+    workers: Workers, workload: Workload, t0: int, wakeups: list[int]
+) -> tuple[list[int], int]:
     for index in range(workload.workers):
         workers.send(
             index,
@@ -175,20 +182,27 @@ def _serial(workers: Workers, workload: Workload, t0: int) -> tuple[list[int], i
         if words[:1] != ["done"]:
             raise LabError(f"worker {index}: unexpected reply {words[:3]}")
         times = [int(w) for w in words[1:]]
-        for k in range(0, len(times), 2):
-            latencies.append(times[k + 1] - times[k])
-            end = max(end, times[k + 1])
+        for k in range(0, len(times), 3):
+            due, began, stop = times[k : k + 3]
+            latencies.append(stop - due)
+            end = max(end, stop)
+            if workload.think_us and k:  # it slept before this task
+                wakeups.append(began - due)
     return latencies, end
 
 
-def _end_of(workers: Workers, index: int) -> int:
+def _end_of(workers: Workers, index: int, sent: int, wakeups: list[int]) -> int:
+    """Read a task's end; record how long after ``sent`` the worker began."""
     words = workers.read(index)
     if words[:1] != ["end"]:
         raise LabError(f"worker {index}: unexpected reply {words}")
+    wakeups.append(max(0, int(words[2]) - sent))
     return int(words[1])
 
 
-def _batch(workers: Workers, workload: Workload, t0: int) -> tuple[list[int], int]:
+def _batch(
+    workers: Workers, workload: Workload, t0: int, wakeups: list[int]
+) -> tuple[list[int], int]:
     latencies = []
     start = t0
     end = t0
@@ -198,17 +212,20 @@ def _batch(workers: Workers, workload: Workload, t0: int) -> tuple[list[int], in
             start = time.monotonic_ns()
         for index in range(workload.workers):
             workers.send(index, f"task {cpu_ns} {start}")
-        end = max(_end_of(workers, index) for index in range(workload.workers))
+        end = max(_end_of(workers, i, start, wakeups) for i in range(workload.workers))
         latencies.append(end - start)
     return latencies, end
 
 
-def _open(workers: Workers, workload: Workload, t0: int) -> tuple[list[int], int]:
+def _open(
+    workers: Workers, workload: Workload, t0: int, wakeups: list[int]
+) -> tuple[list[int], int]:
     arrivals = [t0 + round(a * 1000) for a in workload.arrivals_us()]
     cpu_ns = workload.task_cpu_us * 1000
     queue: collections.deque[int] = collections.deque()
     idle = list(range(workload.workers))
     serving: dict[int, int] = {}
+    sent: dict[int, int] = {}
     latencies: list[int] = []
     end = t0
     next_arrival = 0
@@ -220,12 +237,13 @@ def _open(workers: Workers, workload: Workload, t0: int) -> tuple[list[int], int
         while queue and idle:
             index = idle.pop(0)
             serving[index] = queue.popleft()
+            sent[index] = time.monotonic_ns()
             workers.send(index, f"task {cpu_ns} 0")
         timeout = None
         if next_arrival < len(arrivals):
             timeout = max(0.0, (arrivals[next_arrival] - time.monotonic_ns()) / 1e9)
         for index in workers.ready(timeout):
-            stop = _end_of(workers, index)
+            stop = _end_of(workers, index, sent.pop(index), wakeups)
             latencies.append(stop - serving.pop(index))
             end = max(end, stop)
             idle.append(index)

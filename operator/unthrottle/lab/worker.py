@@ -8,10 +8,11 @@ times in CLOCK_MONOTONIC nanoseconds (shared by every process on the host):
 command                            reply
 =================================  ===========================================
 (at start)                         ``ready PID``
-``serial T0 N CPU THINK``          ``done S1 E1 S2 E2 …`` once all N tasks end;
-                                   task k starts at T0 (k = 1) or at the end of
-                                   task k-1 plus THINK, sleeping until then
-``task CPU AT``                    ``end E`` (sleeps until AT if AT > now)
+``serial T0 N CPU THINK``          ``done S1 B1 E1 S2 B2 E2 …`` once all N tasks
+                                   end: task k is due (S) at T0 (k = 1) or at the
+                                   end of task k-1 plus THINK, sleeping until then;
+                                   B is when it began running, E when it ended
+``task CPU AT``                    ``end E B`` (sleeps until AT if AT > now)
 ``calibrate LIMIT``                ``stall S R``: burns until it is stopped for
                                    over 1 ms (the quota ran out) and reports
                                    when it stopped and when it resumed, or
@@ -60,14 +61,15 @@ def calibrate(limit_ns: int) -> tuple[int, int]:
 
 
 def serial(t0: int, n: int, cpu_ns: int, think_ns: int) -> list[int]:
-    """Run n tasks back to back; return start, end pairs."""
+    """Run n tasks back to back; return (due, began, ended) triples."""
     out = []
     start = t0
     for _ in range(n):
         sleep_until(start)
+        began = time.monotonic_ns()
         burn(cpu_ns)
         end = time.monotonic_ns()
-        out += [start, end]
+        out += [start, began, end]
         start = end + think_ns
     return out
 
@@ -94,8 +96,9 @@ def main() -> None:
         elif cmd == b"task":
             cpu_ns, at_ns = args
             sleep_until(at_ns)
+            began = time.monotonic_ns()
             burn(cpu_ns)
-            reply(f"end {time.monotonic_ns()}")
+            reply(f"end {time.monotonic_ns()} {began}")
         elif cmd == b"calibrate":
             stopped, resumed = calibrate(args[0])
             reply(f"stall {stopped} {resumed}")

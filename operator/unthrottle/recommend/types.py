@@ -1,0 +1,171 @@
+"""The engine's inputs and output, as plain frozen data (integers inside: millicores, µs)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+import numpy.typing as npt
+
+from unthrottle.cfs.settings import DEFAULT_PERIOD_US, MIN_QUOTA_US
+
+
+class PolicyError(ValueError):
+    """A policy that cannot be applied; ``field`` is the ThrottlePolicy spec field at fault."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class Strategy(StrEnum):
+    """How throttling is fixed."""
+
+    LIMIT_ONLY = "LimitOnly"
+    """Only raise (or lower) the limit."""
+    BURST_PREFERRED = "BurstPreferred"
+    """The smallest limit that, with a burst of up to its quota, meets the target."""
+    AUTO = "Auto"
+    """Burst when the long-run average fits under the quota; otherwise a larger limit."""
+
+
+class Runtime(StrEnum):
+    """What runs in the container, as far as processor counts go."""
+
+    GO = "go"
+    JVM = "jvm"
+    OTHER = "other"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """What the user asks for (a ThrottlePolicy spec, in integers).
+
+    Field names in errors are the spec's: ``targetThrottleRatio``, ``limits.min`` …
+    """
+
+    target_ratio: float = 0.05
+    """Share of active periods allowed to throttle, in (0, 1). 0.05: seeds/004's rule of thumb."""
+    headroom: float = 0.10
+    """Added to the limit the evidence needs (0.10 = +10 %), for demand the window missed."""
+    min_millicores: int = 100
+    """Never recommend less; 100m keeps a quota of 10 ms at the default period."""
+    max_millicores: int = 8000
+    """Never recommend more."""
+    max_step_up: float = 2.0
+    """One recommendation raises a limit at most this many times (VPA-style damping)."""
+    max_step_down: float = 0.8
+    """One recommendation lowers a limit to no less than this share of it."""
+    strategy: Strategy = Strategy.AUTO
+    sync_processors: bool = True
+    """Also recommend GOMAXPROCS (Go) or -XX:ActiveProcessorCount (JVM) to match the limit."""
+
+    def __post_init__(self) -> None:
+        if not (0 < self.target_ratio < 1) or math.isnan(self.target_ratio):
+            raise PolicyError("targetThrottleRatio", f"{self.target_ratio} is not in (0, 1)")
+        if not 0 <= self.headroom <= 10:
+            raise PolicyError("headroom", f"{self.headroom} is not in [0, 10]")
+        if self.min_millicores < 1:
+            raise PolicyError("limits.min", f"{self.min_millicores}m is not a positive limit")
+        if self.max_millicores < self.min_millicores:
+            raise PolicyError(
+                "limits.max",
+                f"{self.max_millicores}m is below limits.min ({self.min_millicores}m)",
+            )
+        if not self.max_step_up >= 1:
+            raise PolicyError("limits.maxStepUp", f"{self.max_step_up} is below 1")
+        if not 0 < self.max_step_down <= 1:
+            raise PolicyError("limits.maxStepDown", f"{self.max_step_down} is not in (0, 1]")
+
+
+@dataclass(frozen=True, slots=True)
+class Current:
+    """A container's settings today, and what runs in it."""
+
+    limit_millicores: int | None
+    request_millicores: int = 0
+    period_us: int = DEFAULT_PERIOD_US
+    burst_us: int = 0
+    runtime: Runtime = Runtime.UNKNOWN
+    go_at_least_1_25: bool | None = None
+    """Go ≥ 1.25 sizes GOMAXPROCS from the CPU limit by itself (unless GOMAXPROCS is set)."""
+    gomaxprocs_env: int | None = None
+    """An explicit GOMAXPROCS in the container's environment."""
+
+
+@dataclass(frozen=True, slots=True)
+class PeriodEvidence:
+    """Per-period demand, in order: CPU µs wanted in each period (usage + throttled time).
+
+    Observed usage under throttling is capped by the quota (censored); usage
+    plus throttled time is what the container would have used (DESIGN.md §2).
+    """
+
+    demand_us: npt.NDArray[np.int64]
+    period_us: int = DEFAULT_PERIOD_US
+    observed_throttle_ratio: float | None = None
+    """The ratio cpu.stat reported over the same window, when known."""
+
+    @property
+    def periods(self) -> int:
+        """How many periods of evidence there are."""
+        return int(self.demand_us.size)
+
+
+@dataclass(frozen=True, slots=True)
+class CounterEvidence:
+    """Only cumulative counters over a window (what cAdvisor gives): the coarse fallback."""
+
+    window_s: float
+    usage_cores: float
+    """Average CPU used over the window, in cores."""
+    nr_periods: int
+    nr_throttled: int
+    throttled_s: float = 0.0
+
+    @property
+    def throttle_ratio(self) -> float:
+        """Throttled periods over periods."""
+        return self.nr_throttled / self.nr_periods if self.nr_periods else 0.0
+
+
+Evidence = PeriodEvidence | CounterEvidence
+
+
+@dataclass(frozen=True, slots=True)
+class Recommendation:
+    """What to set for one container, and why."""
+
+    limit_millicores: int | None
+    burst_us: int
+    period_us: int
+    gomaxprocs: int | None
+    """The GOMAXPROCS to set; None: leave it as it is (or unset, see reasons)."""
+    jvm_processors: int | None
+    """The -XX:ActiveProcessorCount to set; None when not a JVM or sync is off."""
+    expected_throttle_ratio: float | None
+    """The model's ratio under the recommendation, on the evidence (None: counters only)."""
+    current_throttle_ratio: float | None
+    confidence: float
+    """0–1: how much evidence, how long a window, how fine."""
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def quota_us(self) -> int | None:
+        """The quota the recommended limit gives at the container's period."""
+        if self.limit_millicores is None:
+            return None
+        return self.limit_millicores * self.period_us // 1000
+
+    @property
+    def confidence_label(self) -> str:
+        """low, medium or high."""
+        return "high" if self.confidence >= 0.75 else "medium" if self.confidence >= 0.25 else "low"
+
+
+def min_millicores_for_period(period_us: int) -> int:
+    """The smallest limit whose quota is the kernel's 1 ms minimum at this period."""
+    return -(-MIN_QUOTA_US * 1000 // period_us)
