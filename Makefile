@@ -17,9 +17,9 @@ venv: $(STAMP)
 
 ## The local demo: the seed scenarios on this kernel (root), then the model's prediction.
 demo: $(STAMP)
-	@if [ "$$(id -u)" = 0 ]; then $(BIN)/unthrottle lab run scenarios/*.yaml; \
+	@if [ "$$(id -u)" = 0 ]; then $(BIN)/unthrottle lab run scenarios/seed-*.yaml; \
 	else echo "lab run needs root (it creates cgroups); showing the model only"; fi
-	$(BIN)/unthrottle simulate scenarios/*.yaml
+	$(BIN)/unthrottle simulate scenarios/seed-*.yaml
 
 ## Lint, types, architecture contracts, then the whole test suite.
 test: $(STAMP) check

@@ -21,7 +21,7 @@ from unthrottle.lab.agreement import RATIO_TOLERANCE, compare
 from unthrottle.model.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))
+SCENARIOS = sorted((ROOT / "scenarios").glob("seed-*.yaml"))
 _FIGURE_KEYS = {"limit", "latency_ms", "wall_ms", "nr_periods", "nr_throttled", "throttled_ms",
                 "nr_bursts", "burst_ms", "throttle_ratio", "usage_ms"}  # fmt: skip
 

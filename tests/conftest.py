@@ -11,7 +11,7 @@ import pytest
 from unthrottle.cgroups import CgroupError, Layout, detect_layout
 
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))
+SCENARIOS = sorted((ROOT / "scenarios").glob("seed-*.yaml"))
 
 
 def _kernel_layout() -> Layout | None:

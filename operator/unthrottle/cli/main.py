@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from json import dumps
 from pathlib import Path
 from types import FrameType
 from typing import Annotated
@@ -16,11 +17,13 @@ from unthrottle import __version__
 from unthrottle.cfs.figures import RunFigures
 from unthrottle.cfs.tasks import DEFAULT_HZ, Accounting, Machine, simulate_tasks
 from unthrottle.cgroups import CgroupError, detect_layout
-from unthrottle.cli.output import print_json, print_table
+from unthrottle.cli.output import print_json, print_table, print_tune
 from unthrottle.lab.kernel import kernel_hz
 from unthrottle.lab.processes import LabError
 from unthrottle.lab.runner import LabOptions, run_scenario
+from unthrottle.lab.tune import tune
 from unthrottle.model.scenario import Scenario, ScenarioError, load_scenario
+from unthrottle.recommend import Policy, PolicyError, Strategy
 
 app = typer.Typer(
     help="Find CFS throttling, prove it on the kernel, fix it with the smallest CPU limit.",
@@ -108,6 +111,61 @@ def lab_run(paths: ScenarioFiles, json: JsonFlag = False, phase_ms: PhaseMs = 0.
         signal.signal(signal.SIGTERM, previous)
     if not json:
         print_table(f"lab run on this kernel ({layout.version})", rows)
+
+
+@lab_app.command("tune")
+def lab_tune(
+    path: Annotated[Path, typer.Argument(help="A scenario; its first run is today's settings.")],
+    target: Annotated[
+        float, typer.Option(help="Throttle ratio to stay under (share of active periods).")
+    ] = 0.05,
+    strategy: Annotated[
+        Strategy, typer.Option(case_sensitive=False, help="LimitOnly, BurstPreferred or Auto.")
+    ] = Strategy.AUTO,
+    headroom: Annotated[float, typer.Option(help="Added to the limit the evidence needs.")] = 0.10,
+    json: JsonFlag = False,
+    baselines: Annotated[
+        bool, typer.Option(help="Also measure the VPA, KRR and 2x-average baselines.")
+    ] = True,
+) -> None:
+    """Measure today's settings, recommend, and prove the result on this kernel."""
+    scenario = _load_all([path])[0]
+    try:
+        policy = Policy(
+            target_ratio=target,
+            headroom=headroom,
+            strategy=strategy,
+            min_millicores=10,
+            max_millicores=64_000,
+            max_step_up=100.0,
+            max_step_down=0.01,
+        )
+    except PolicyError as error:
+        raise _fail(str(error), 2) from None
+    if os.geteuid() != 0:
+        raise _fail("lab tune creates cgroups and needs root", 1)
+    try:
+        layout = detect_layout()
+    except CgroupError as error:
+        raise _fail(str(error), 1) from None
+    previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+
+    def step(message: str) -> None:
+        if sys.stderr.isatty():
+            err.print(f"[dim]{message}[/]", highlight=False)
+
+    try:
+        result = tune(scenario, layout, policy, with_baselines=baselines, on_step=step)
+    except KeyboardInterrupt:
+        raise _fail("interrupted; the run's cgroup and workers were removed", 130) from None
+    except (CgroupError, LabError, ValueError) as error:
+        raise _fail(str(error), 1) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if json:
+        print(dumps(result.to_json()), flush=True)
+    else:
+        print_tune(result)
 
 
 @app.command()

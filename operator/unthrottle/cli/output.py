@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from unthrottle.cfs.figures import RunFigures
+from unthrottle.lab.tune import TuneResult
 from unthrottle.model.scenario import Scenario
 
 
@@ -51,6 +52,50 @@ def figures_table(title: str, rows: Sequence[tuple[Scenario, Sequence[RunFigures
             )
         table.add_section()
     return table
+
+
+def tune_table(result: TuneResult) -> Table:
+    """Before, ours and the baselines, side by side."""
+    table = Table(
+        title=f"lab tune: {result.scenario}, target throttle ratio {result.target:g}",
+        title_justify="left",
+    )
+    for header in ("settings", "limit", "burst ms"):
+        table.add_column(header, no_wrap=True)
+    for header in ("ratio", "throttled ms", "p50 ms", "p95 ms", "p99 ms", "meets target"):
+        table.add_column(header, justify="right")
+
+    def row(name: str, limit: str, burst_us: int, fig: RunFigures) -> None:
+        ok = fig.stat.throttle_ratio <= result.target
+        table.add_row(
+            name, limit, f"{burst_us / 1000:g}",
+            f"{fig.stat.throttle_ratio:.3f}", f"{fig.stat.throttled_us / 1000:.0f}",
+            f"{fig.latency.p50:.1f}", f"{fig.latency.p95:.1f}", f"{fig.latency.p99:.1f}",
+            "yes" if ok else "no",
+        )  # fmt: skip
+
+    before = result.before
+    row("today", before.limit.get("cpus", "none").__str__() + " CPU", 0, before)
+    rec = result.recommendation
+    row("unthrottle", f"{rec.limit_millicores}m", rec.burst_us, result.after)
+    if result.refined is not None:
+        ref = result.refined.recommendation
+        row("unthrottle, refined", f"{ref.limit_millicores}m", ref.burst_us, result.refined.after)
+    for base in result.baselines:
+        row(base.name, f"{base.limit_millicores}m", base.burst_us, base.after)
+    return table
+
+
+def print_tune(result: TuneResult) -> None:
+    """The tune table and our reasons."""
+    console = Console()
+    console.width = max(console.width, 120)
+    console.print(tune_table(result))
+    rec, _ = result.final
+    console.print(f"expected throttle ratio {rec.expected_throttle_ratio}, "
+                  f"confidence {rec.confidence} ({rec.confidence_label})")  # fmt: skip
+    for reason in rec.reasons:
+        console.print(f"  - {reason}", highlight=False)
 
 
 def print_table(title: str, rows: Sequence[tuple[Scenario, Sequence[RunFigures]]]) -> None:

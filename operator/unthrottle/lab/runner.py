@@ -35,6 +35,7 @@ from unthrottle.cfs.workload import Kind, Workload
 from unthrottle.cgroups import Cgroup, Layout
 from unthrottle.lab.kernel import kernel_hz
 from unthrottle.lab.processes import LabError, Workers
+from unthrottle.lab.sampling import PeriodSampler, PeriodSamples
 from unthrottle.model.scenario import RunSpec, Scenario
 
 _names = itertools.count()
@@ -74,6 +75,21 @@ def run_scenario(
 
 def run_run(workload: Workload, run: RunSpec, layout: Layout, options: LabOptions) -> RunFigures:
     """Measure one run in a fresh cgroup; the cgroup and the workers are gone afterwards."""
+    return _measure(workload, run, layout, options, sample=False)[0]
+
+
+def run_sampled(
+    workload: Workload, run: RunSpec, layout: Layout, options: LabOptions
+) -> tuple[RunFigures, PeriodSamples]:
+    """Measure one run and sample its cgroup each period."""
+    figures, samples = _measure(workload, run, layout, options, sample=True)
+    assert samples is not None
+    return figures, samples
+
+
+def _measure(
+    workload: Workload, run: RunSpec, layout: Layout, options: LabOptions, *, sample: bool
+) -> tuple[RunFigures, PeriodSamples | None]:
     bandwidth = run.bandwidth()
     name = f"{options.cgroup_parent}/unthrottle-lab-{os.getpid()}-{next(_names)}".strip("/")
     cgroup = Cgroup(layout, name)
@@ -86,9 +102,16 @@ def run_run(workload: Workload, run: RunSpec, layout: Layout, options: LabOption
             grid_ns = _calibrate(workers, bandwidth, cgroup) if bandwidth.limited else None
             t0 = _start_time(bandwidth, grid_ns, options.phase_us)
             sleep_until(t0 - LEAD_NS // 3)
+            sampler = PeriodSampler(cgroup, t0, bandwidth.period_us * 1000) if sample else None
+            if sampler is not None:
+                sampler.start()
             before = cgroup.read_stat()
             wakeups: list[int] = []
-            latencies_ns, end = _DRIVERS[workload.kind](workers, workload, t0, wakeups)
+            try:
+                latencies_ns, end = _DRIVERS[workload.kind](workers, workload, t0, wakeups)
+            finally:
+                if sampler is not None:
+                    sampler.stop()
             after = cgroup.read_stat()
         finally:
             workers.close()
@@ -96,7 +119,7 @@ def run_run(workload: Workload, run: RunSpec, layout: Layout, options: LabOption
     delta = after - before
     hz = kernel_hz()
     tick_ns = 1_000_000_000 // hz if hz else None
-    return RunFigures(
+    figures = RunFigures(
         limit=run.as_given(),
         latency=Latency.of([v / 1e6 for v in latencies_ns]),
         wall_ms=(end - t0) / 1e6,
@@ -119,6 +142,7 @@ def run_run(workload: Workload, run: RunSpec, layout: Layout, options: LabOption
             "wakeup_ms": round(statistics.median(wakeups) / 1e6, 4) if wakeups else 0.0,
         },
     )
+    return figures, (sampler.samples() if sampler is not None else None)
 
 
 def sleep_until(at_ns: int) -> None:

@@ -186,6 +186,12 @@ def bounds(draft: Draft, policy: Policy, current: Current) -> Draft:
             reason=f"raised to the request {current.request_millicores}m (a limit below the "
             "request is refused by the API server)",
         )
+    floor = min_millicores_for_period(current.period_us)
+    if draft.limit is not None and draft.limit < floor:
+        draft = draft.but(
+            limit=floor,
+            reason=f"raised to {floor}m: a smaller limit is a quota under the kernel's 1 ms",
+        )
     return draft
 
 

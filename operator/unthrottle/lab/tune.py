@@ -1,0 +1,182 @@
+"""``lab tune``: prove a recommendation on the real kernel.
+
+1. Run the scenario's first run (today's settings) in a real cgroup, sampling
+   it every period: period-level evidence, and the cpu.stat counters.
+2. Recommend from that evidence; compute the baselines from the same samples.
+3. Run the workload again under each, in fresh cgroups, and measure.
+4. Refine, as the operator's verify loop does. Evidence from a throttled run
+   is censored, and usage + throttled time is an upper bound on demand (a
+   stalled thread may have had less work left than its stall). Once our
+   recommendation runs unthrottled, its samples show the demand itself, so
+   recommend again from them and measure that too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from unthrottle.cfs.figures import RunFigures
+from unthrottle.cgroups import Layout
+from unthrottle.lab.runner import LabOptions, run_run, run_sampled
+from unthrottle.lab.sampling import PeriodSamples
+from unthrottle.model.scenario import RunSpec, Scenario
+from unthrottle.recommend import Current, PeriodEvidence, Policy, Recommendation, recommend
+from unthrottle.recommend.baselines import baselines
+
+
+@dataclass(frozen=True, slots=True)
+class Tried:
+    """Settings that were run on the kernel, and what came of them."""
+
+    name: str
+    limit_millicores: int
+    burst_us: int
+    after: RunFigures
+    how: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Refinement:
+    """The second recommendation, from the uncensored samples of the first, and its run."""
+
+    recommendation: Recommendation
+    after: RunFigures
+
+
+def _rec_json(rec: Recommendation) -> dict[str, Any]:
+    return {
+        "limit_millicores": rec.limit_millicores,
+        "burst_us": rec.burst_us,
+        "gomaxprocs": rec.gomaxprocs,
+        "expected_throttle_ratio": rec.expected_throttle_ratio,
+        "confidence": rec.confidence,
+        "reasons": rec.reasons,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class TuneResult:
+    """Before, our recommendation and what it did, and the baselines beside it."""
+
+    scenario: str
+    target: float
+    before: RunFigures
+    samples: PeriodSamples
+    recommendation: Recommendation
+    after: RunFigures
+    baselines: list[Tried]
+    refined: Refinement | None = None
+
+    @property
+    def final(self) -> tuple[Recommendation, RunFigures]:
+        """Our last word: the refined recommendation when there is one."""
+        if self.refined is not None:
+            return self.refined.recommendation, self.refined.after
+        return self.recommendation, self.after
+
+    def to_json(self) -> dict[str, Any]:
+        """The shape issue 3 defines (RUN as in ``lab run --json``), plus ``refined``."""
+        return {
+            "scenario": self.scenario,
+            "target": self.target,
+            "before": self.before.to_json(),
+            "recommendation": _rec_json(self.recommendation),
+            "after": self.after.to_json(),
+            "refined": None
+            if self.refined is None
+            else {
+                "recommendation": _rec_json(self.refined.recommendation),
+                "after": self.refined.after.to_json(),
+            },
+            "baselines": [
+                {
+                    "name": b.name,
+                    "limit_millicores": b.limit_millicores,
+                    "burst_us": b.burst_us,
+                    "how": b.how,
+                    "after": b.after.to_json(),
+                }
+                for b in self.baselines
+            ],
+        }
+
+
+def spec_for(limit_millicores: int, burst_us: int, period_us: int) -> RunSpec:
+    """A lab run with these settings."""
+    return RunSpec(
+        cpus=limit_millicores / 1000,
+        period_ms=period_us / 1000,
+        burst_ms=burst_us / 1000,
+    )
+
+
+def current_of(run: RunSpec) -> Current:
+    """Today's settings as the engine takes them (request = 0: the lab has none)."""
+    bandwidth = run.bandwidth()
+    return Current(
+        limit_millicores=bandwidth.millicores,
+        period_us=bandwidth.period_us,
+        burst_us=bandwidth.burst_us,
+    )
+
+
+def tune(
+    scenario: Scenario,
+    layout: Layout,
+    policy: Policy,
+    options: LabOptions | None = None,
+    *,
+    with_baselines: bool = True,
+    on_step: Callable[[str], None] | None = None,
+) -> TuneResult:
+    """Measure, recommend, and re-measure under the recommendation and the baselines."""
+    say = on_step or (lambda _: None)
+    options = options or LabOptions()
+    workload = scenario.workload.to_workload()
+    first = scenario.runs[0]
+    say(f"measuring today's settings ({first.label()}), sampling every period")
+    before, samples = run_sampled(workload, first, layout, options)
+    current = current_of(first)
+    evidence = PeriodEvidence(
+        samples.demand_us, samples.period_us, observed_throttle_ratio=before.stat.throttle_ratio
+    )
+    rec = recommend(evidence, current, policy)
+    if rec.limit_millicores is None:
+        raise ValueError("the recommendation keeps no limit; there is nothing to re-run")
+    say(f"re-running under the recommendation ({rec.limit_millicores}m, burst {rec.burst_us} µs)")
+    spec = spec_for(rec.limit_millicores, rec.burst_us, current.period_us)
+    after, after_samples = run_sampled(workload, spec, layout, options)
+    refined = None
+    censored = before.stat.throttle_ratio > policy.target_ratio
+    if censored and after.stat.throttle_ratio <= policy.target_ratio:
+        evidence = PeriodEvidence(
+            after_samples.demand_us,
+            after_samples.period_us,
+            observed_throttle_ratio=after.stat.throttle_ratio,
+        )
+        now = Current(rec.limit_millicores, period_us=current.period_us, burst_us=rec.burst_us)
+        second = recommend(evidence, now, policy)
+        changed = (second.limit_millicores, second.burst_us) != (rec.limit_millicores, rec.burst_us)
+        if second.limit_millicores is not None and changed:
+            say(f"refining from unthrottled evidence ({second.limit_millicores}m)")
+            spec = spec_for(second.limit_millicores, second.burst_us, current.period_us)
+            refined = Refinement(second, run_run(workload, spec, layout, options))
+    tried = []
+    if with_baselines:
+        for base in baselines(samples.usage_us, samples.period_us):
+            say(f"re-running under the {base.name} baseline ({base.limit_millicores}m)")
+            spec = spec_for(base.limit_millicores, 0, current.period_us)
+            figures = run_run(workload, spec, layout, options)
+            tried.append(Tried(base.name, base.limit_millicores, 0, figures, base.how))
+    return TuneResult(
+        scenario=scenario.name,
+        target=policy.target_ratio,
+        before=before,
+        samples=samples,
+        recommendation=rec,
+        after=after,
+        baselines=tried,
+        refined=refined,
+    )

@@ -1,0 +1,30 @@
+"""The recommendation engine: pure estimators over plain data, no I/O.
+
+Public surface: :func:`recommend` and its inputs and output.
+"""
+
+from unthrottle.recommend.engine import recommend
+from unthrottle.recommend.types import (
+    CounterEvidence,
+    Current,
+    Evidence,
+    PeriodEvidence,
+    Policy,
+    PolicyError,
+    Recommendation,
+    Runtime,
+    Strategy,
+)
+
+__all__ = [
+    "CounterEvidence",
+    "Current",
+    "Evidence",
+    "PeriodEvidence",
+    "Policy",
+    "PolicyError",
+    "Recommendation",
+    "Runtime",
+    "Strategy",
+    "recommend",
+]

@@ -1,0 +1,55 @@
+"""Demand under censoring, against the truth (root only).
+
+The same workload is measured unlimited (its true per-period demand) and under
+a limit that throttles it, where usage alone is capped by the quota. Demand
+estimated as usage + throttled time must recover the truth well enough that the
+recommendation made from the throttled run matches the one from the truth.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from unthrottle.cgroups import Layout
+from unthrottle.lab import LabOptions, run_sampled
+from unthrottle.model.scenario import parse_scenario
+from unthrottle.recommend import Current, PeriodEvidence, Policy, Strategy, recommend
+
+pytestmark = pytest.mark.kernel
+
+SCENARIO = parse_scenario(
+    {
+        "name": "censoring",
+        "workload": {"kind": "batch", "task_cpu_ms": 40, "workers": 2, "tasks": 12},
+        "runs": [{}, {"cpus": 0.5}],
+    }
+)
+POLICY = Policy(strategy=Strategy.LIMIT_ONLY, headroom=0, max_step_up=100, min_millicores=10)
+
+
+def test_usage_plus_throttled_time_recovers_the_demand_that_usage_hides(
+    layout: Layout,
+) -> None:
+    workload = SCENARIO.workload.to_workload()
+    _, truth = run_sampled(workload, SCENARIO.runs[0], layout, LabOptions())
+    limited, seen = run_sampled(workload, SCENARIO.runs[1], layout, LabOptions())
+    assert limited.stat.throttle_ratio > 0.8
+    busy = truth.demand_us[truth.demand_us > 0]
+    # Two threads busy back to back: ~2 CPUs of demand per period.
+    assert np.median(busy) > 150_000
+    # Censored: usage under the limit never passes the quota (50 ms) by more than a slice.
+    assert seen.usage_us.max() <= 50_000 + 6_000
+    # Estimated: usage + throttled time is back near the truth.
+    estimated = seen.demand_us[seen.demand_us > 0]
+    assert np.median(estimated) == pytest.approx(np.median(busy), rel=0.2)
+
+    from_truth = recommend(PeriodEvidence(truth.demand_us), Current(None), POLICY)
+    from_throttled = recommend(PeriodEvidence(seen.demand_us), Current(500), POLICY)
+    from_usage = recommend(PeriodEvidence(seen.usage_us), Current(500), POLICY)
+    assert from_truth.limit_millicores and from_throttled.limit_millicores
+    assert from_usage.limit_millicores
+    ratio = from_throttled.limit_millicores / from_truth.limit_millicores
+    assert 0.8 <= ratio <= 1.25
+    # Sizing from usage alone would keep the limit where it is, and the throttling.
+    assert from_usage.limit_millicores < 0.5 * from_truth.limit_millicores
