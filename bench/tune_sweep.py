@@ -80,7 +80,8 @@ def main() -> int:
                 f"{b.name} {b.limit_millicores}m → {b.after.stat.throttle_ratio:.2f}"
                 for b in result.baselines
             )
-            ours = f"{first.limit_millicores}m → {rec.limit_millicores}m + {rec.burst_us / 1000:g} ms"
+            burst_ms = rec.burst_us / 1000
+            ours = f"{first.limit_millicores}m → {rec.limit_millicores}m + {burst_ms:g} ms"
             verdict = "yes" if ok else "NO"
             rows.append(
                 f"| {scenario.name} | {strategy.value} | {result.before.stat.throttle_ratio:.2f} "
