@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from json import dumps
 from pathlib import Path
 from types import FrameType
@@ -16,7 +18,7 @@ from rich.console import Console
 from unthrottle import __version__
 from unthrottle.cfs.figures import RunFigures
 from unthrottle.cfs.tasks import DEFAULT_HZ, Accounting, Machine, simulate_tasks
-from unthrottle.cgroups import CgroupError, detect_layout
+from unthrottle.cgroups import CgroupError, Layout, detect_layout
 from unthrottle.cli.output import print_json, print_table, print_tune
 from unthrottle.lab.kernel import kernel_hz
 from unthrottle.lab.processes import LabError
@@ -78,20 +80,34 @@ def _root(
         raise typer.Exit(0)
 
 
-@lab_app.command("run")
-def lab_run(paths: ScenarioFiles, json: JsonFlag = False, phase_ms: PhaseMs = 0.0) -> None:
-    """Run each scenario's runs in fresh cgroups on this kernel and measure them."""
-    scenarios = _load_all(paths)
+@contextmanager
+def _lab_session(command: str) -> Iterator[Layout]:
+    """What every lab command needs: root, the cgroup layout, and SIGTERM handled like
+    Ctrl-C, so the lab's own cleanup runs; errors become messages and exit codes."""
     if os.geteuid() != 0:
-        raise _fail("lab run creates cgroups and needs root", 1)
+        raise _fail(f"{command} creates cgroups and needs root", 1)
     try:
         layout = detect_layout()
     except CgroupError as error:
         raise _fail(str(error), 1) from None
-    options = LabOptions(phase_us=round(phase_ms * 1000))
     previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt)
-    rows: list[tuple[Scenario, list[RunFigures]]] = []
     try:
+        yield layout
+    except KeyboardInterrupt:
+        raise _fail("interrupted; the run's cgroup and workers were removed", 130) from None
+    except (CgroupError, LabError, ValueError) as error:
+        raise _fail(str(error), 1) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@lab_app.command("run")
+def lab_run(paths: ScenarioFiles, json: JsonFlag = False, phase_ms: PhaseMs = 0.0) -> None:
+    """Run each scenario's runs in fresh cgroups on this kernel and measure them."""
+    scenarios = _load_all(paths)
+    options = LabOptions(phase_us=round(phase_ms * 1000))
+    rows: list[tuple[Scenario, list[RunFigures]]] = []
+    with _lab_session("lab run") as layout:
         for scenario in scenarios:
 
             def progress(index: int, fig: RunFigures, scenario: Scenario = scenario) -> None:
@@ -103,12 +119,6 @@ def lab_run(paths: ScenarioFiles, json: JsonFlag = False, phase_ms: PhaseMs = 0.
             rows.append((scenario, runs))
             if json:
                 print_json(scenario, runs)
-    except KeyboardInterrupt:
-        raise _fail("interrupted; the run's cgroup and workers were removed", 130) from None
-    except (CgroupError, LabError) as error:
-        raise _fail(str(error), 1) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     if not json:
         print_table(f"lab run on this kernel ({layout.version})", rows)
 
@@ -142,26 +152,13 @@ def lab_tune(
         )
     except PolicyError as error:
         raise _fail(str(error), 2) from None
-    if os.geteuid() != 0:
-        raise _fail("lab tune creates cgroups and needs root", 1)
-    try:
-        layout = detect_layout()
-    except CgroupError as error:
-        raise _fail(str(error), 1) from None
-    previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt)
 
     def step(message: str) -> None:
         if sys.stderr.isatty():
             err.print(f"[dim]{message}[/]", highlight=False)
 
-    try:
+    with _lab_session("lab tune") as layout:
         result = tune(scenario, layout, policy, with_baselines=baselines, on_step=step)
-    except KeyboardInterrupt:
-        raise _fail("interrupted; the run's cgroup and workers were removed", 130) from None
-    except (CgroupError, LabError, ValueError) as error:
-        raise _fail(str(error), 1) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     if json:
         print(dumps(result.to_json()), flush=True)
     else:
