@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test check bench clean venv
+.PHONY: demo test check bench clean venv prometheus
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,8 +21,16 @@ demo: $(STAMP)
 	else echo "lab run needs root (it creates cgroups); showing the model only"; fi
 	$(BIN)/unthrottle simulate scenarios/seed-*.yaml
 
+## The real Prometheus server the agent tests scrape with (Debian's package; root installs it).
+prometheus:
+	@command -v prometheus >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	      apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	  else echo "prometheus is not installed and this is not root: its tests will be skipped"; fi; }
+
 ## Lint, types, architecture contracts, then the whole test suite.
-test: $(STAMP) check
+test: $(STAMP) prometheus check
 	$(BIN)/pytest
 
 check: $(STAMP)

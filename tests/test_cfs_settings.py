@@ -104,3 +104,26 @@ class TestQuantities:
     @given(st.integers(0, 10**7))
     def test_formatting_then_parsing_gives_the_same_amount(self, millicores: int) -> None:
         assert parse_cpu(format_cpu(millicores)) == millicores
+
+
+class TestKernelRulesProperty:
+    @given(
+        st.one_of(st.none(), st.integers(-10, 3_000_000)),
+        st.integers(0, 2_000_000),
+        st.integers(-10, 3_000_000),
+    )
+    def test_settings_are_accepted_exactly_when_the_kernel_would_take_them(
+        self, quota: int | None, period: int, burst: int
+    ) -> None:
+        kernel_takes = (
+            1_000 <= period <= 1_000_000
+            and (quota is None or quota >= 1_000)
+            and burst >= 0
+            and (burst == 0 or (quota is not None and burst <= quota))
+        )
+        try:
+            Bandwidth(quota, period, burst)
+        except InvalidSettings:
+            assert not kernel_takes
+        else:
+            assert kernel_takes

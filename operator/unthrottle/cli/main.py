@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from json import dumps
@@ -16,6 +18,9 @@ import typer
 from rich.console import Console
 
 from unthrottle import __version__
+from unthrottle.agent.discovery import discover_standalone
+from unthrottle.agent.sampling import Sampler
+from unthrottle.agent.server import make_server, serve
 from unthrottle.cfs.figures import RunFigures
 from unthrottle.cfs.tasks import DEFAULT_HZ, Accounting, Machine, simulate_tasks
 from unthrottle.cgroups import CgroupError, Layout, detect_layout
@@ -214,6 +219,79 @@ def simulate(
             print_json(scenario, runs)
     if not json:
         print_table(f"simulated: {machine.cores} cores, HZ {machine.hz}", rows)
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s)\s*$")
+
+
+def _duration_ns(text: str, option: str) -> int:
+    match = _DURATION.match(text)
+    if not match:
+        raise _fail(f"{option}: {text!r} is not a duration such as 100ms or 1s", 2)
+    value = float(match.group(1)) * (1e6 if match.group(2) == "ms" else 1e9)
+    if not 1e6 <= value <= 60e9:
+        raise _fail(f"{option}: {text} is outside 1ms-60s", 2)
+    return int(value)
+
+
+@app.command()
+def agent(
+    standalone: Annotated[
+        bool,
+        typer.Option(
+            "--standalone",
+            help="Name cgroups by path (no Kubernetes): every cgroup below --cgroup-root "
+            "with a quota or processes is a container.",
+        ),
+    ] = False,
+    cgroup_root: Annotated[
+        str, typer.Option(help="Below each hierarchy's mount, e.g. kubepods or system.slice.")
+    ] = "kubepods",
+    listen: Annotated[str, typer.Option(help="HOST:PORT for /metrics and /healthz.")] = (
+        "0.0.0.0:9717"
+    ),
+    period: Annotated[str, typer.Option(help="Sampling window, e.g. 100ms.")] = "100ms",
+    peak_window: Annotated[
+        str, typer.Option(help="The peak gauge covers this much history.")
+    ] = "60s",
+    discover_every: Annotated[
+        str, typer.Option(help="How often to look for new and vanished cgroups.")
+    ] = "5s",
+) -> None:
+    """The node agent: sample container cgroups every period and export to Prometheus."""
+    if not standalone:
+        raise _fail(
+            "naming cgroups through the Kubernetes API is not built yet (issue 4 is open); "
+            "run with --standalone to name them by cgroup path",
+            2,
+        )
+    host, _, port_text = listen.rpartition(":")
+    if not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise _fail(f"--listen: {listen!r} is not HOST:PORT", 2)
+    period_ns = _duration_ns(period, "--period")
+    peak_s = _duration_ns(peak_window, "--peak-window") / 1e9
+    refresh_s = _duration_ns(discover_every, "--discover-every") / 1e9
+    try:
+        layout = detect_layout()
+    except CgroupError as error:
+        raise _fail(str(error), 1) from None
+    sampler = Sampler(
+        layout,
+        lambda: discover_standalone(layout, cgroup_root),
+        period_ns=period_ns,
+        peak_window_s=peak_s,
+        refresh_s=refresh_s,
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        server = make_server(sampler, host.strip("[]"), int(port_text))
+    except OSError as error:
+        raise _fail(f"--listen {listen}: {error.strerror}", 1) from None
+    err.print(f"agent: sampling {layout.version} below {cgroup_root!r} every {period}, "
+              f"serving http://{listen}/metrics", highlight=False)  # fmt: skip
+    serve(sampler, server, stop)
 
 
 def main() -> None:

@@ -1,0 +1,59 @@
+"""The agent's HTTP endpoints: /metrics and /healthz."""
+
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from unthrottle.agent.exposition import CONTENT_TYPE, render
+from unthrottle.agent.sampling import Sampler
+
+
+def make_server(sampler: Sampler, host: str, port: int) -> ThreadingHTTPServer:
+    """An HTTP server (not yet serving) for a sampler."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path.split("?")[0] == "/metrics":
+                with sampler.lock:
+                    body = render(
+                        list(sampler.series.values()),
+                        windows=sampler.windows,
+                        cgroups=len(sampler.series),
+                    )
+                self._reply(200, CONTENT_TYPE, body)
+            elif self.path == "/healthz":
+                # Healthy while the sampling loop has run within the last five periods.
+                age = time.monotonic_ns() - sampler.last_sample_ns
+                ok = sampler.last_sample_ns and age < 5 * sampler.period_ns
+                self._reply(200 if ok else 503, "text/plain", b"ok\n" if ok else b"stalled\n")
+            else:
+                self._reply(404, "text/plain", b"not found\n")
+
+        def _reply(self, code: int, content_type: str, body: bytes) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass  # one line per scrape would flood the logs
+
+    return ThreadingHTTPServer((host, port), Handler)
+
+
+def serve(sampler: Sampler, server: ThreadingHTTPServer, stop: threading.Event) -> None:
+    """Sample and serve until ``stop`` is set; then stop both and close every file."""
+    sampling = threading.Thread(target=sampler.run, args=(stop,), name="sampler", daemon=True)
+    serving = threading.Thread(target=server.serve_forever, name="http", daemon=True)
+    sampling.start()
+    serving.start()
+    try:
+        stop.wait()
+    finally:
+        server.shutdown()
+        server.server_close()
+        sampling.join()
+        sampler.close()

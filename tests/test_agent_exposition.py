@@ -1,0 +1,85 @@
+"""The /metrics text parses back exactly, whatever the label values."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from unthrottle.agent.counters import CounterReader, Vanished
+from unthrottle.agent.discovery import Found
+from unthrottle.agent.exposition import render
+from unthrottle.agent.sampling import BUCKETS_CORES, Sampler, Series
+from unthrottle.cfs import Bandwidth
+from unthrottle.cgroups import Cgroup, CpuStat, Layout, Version
+
+
+def v2_cgroup(root: Path, rel: str, stat: str) -> Layout:
+    d = root / rel
+    d.mkdir(parents=True)
+    (d / "cpu.stat").write_text(stat)
+    (d / "cpu.max").write_text("30000 100000\n")
+    return Layout(Version.V2, root, root)
+
+
+STAT = "usage_usec 1000\nnr_periods 10\nnr_throttled 4\nthrottled_usec 7000\n"
+
+
+def series(layout: Layout, rel: str, pod: str) -> Series:
+    reader = CounterReader(layout, rel)
+    start = reader.read()
+    return Series(Found(rel, "ns", pod, "c"), reader, Bandwidth(30_000), start, 0, start)
+
+
+def test_hostile_label_values_parse_back_unchanged(tmp_path: Path) -> None:
+    layout = v2_cgroup(tmp_path, "a", STAT)
+    hostile = 'we"ird\\pod\nname} le="x'
+    s = series(layout, "a", hostile)
+    s.observe(CpuStat(31_000, 11, 5, 83_000, 0, 0), 100_000_000, keep=10)  # (30 + 76) ms / 100 ms
+    families = {f.name: f for f in text_string_to_metric_families(render([s]).decode())}
+    buckets = [x for x in families["unthrottle_cpu_demand_cores"].samples
+               if x.name.endswith("_bucket")]  # fmt: skip
+    assert {x.labels["pod"] for x in buckets} == {hostile}
+    assert len(buckets) == len(BUCKETS_CORES) + 1
+    by_le = {x.labels["le"]: x.value for x in buckets}
+    assert by_le["1.0"] == 0 and by_le["1.25"] == 1 and by_le["+Inf"] == 1
+    periods = families["unthrottle_cpu_cfs_periods"].samples[0]
+    assert periods.value == 11 and periods.labels["namespace"] == "ns"
+    assert families["unthrottle_cpu_cfs_quota_seconds"].samples[0].value == 0.03
+    s.reader.close()
+
+
+def test_v2_counters_read_through_open_files_see_new_values(tmp_path: Path) -> None:
+    layout = v2_cgroup(tmp_path, "a", STAT)
+    reader = CounterReader(layout, "a")
+    assert reader.read() == CpuStat(1000, 10, 4, 7000, 0, 0)
+    (tmp_path / "a" / "cpu.stat").write_text(STAT.replace("1000", "2000"))
+    assert reader.read().usage_us == 2000
+    reader.close()
+    reader.close()  # twice is fine
+
+
+def test_a_missing_cgroup_is_vanished_not_an_error(tmp_path: Path) -> None:
+    layout = Layout(Version.V2, tmp_path, tmp_path)
+    with pytest.raises(Vanished):
+        CounterReader(layout, "gone")
+
+
+@pytest.mark.kernel
+def test_a_cgroup_removed_while_sampled_is_dropped_quietly(layout: Layout) -> None:
+    cg = Cgroup(layout, f"unthrottle-test-vanish-{os.getpid()}")
+    cg.create()
+    try:
+        sampler = Sampler(layout, lambda: [Found(cg.path, "", "x", "")])
+        sampler.refresh()
+        sampler.sample()
+        assert list(sampler.series) == [cg.path]
+    finally:
+        cg.remove()
+    sampler.sample()  # the files now read as gone
+    assert sampler.series == {}
+    sampler.refresh()  # and rediscovery copes with a path that no longer exists
+    assert sampler.series == {}
+    sampler.close()

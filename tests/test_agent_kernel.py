@@ -1,0 +1,202 @@
+"""The agent on real cgroups, scraped over HTTP and by a real Prometheus (root only).
+
+A busy thread runs in a cgroup laid out like the kubelet's
+(``kubepods/burstable/pod<uid>/<id>``) under a 0.3 CPU quota: it uses 0.3 of
+a core and is throttled for the rest, so its demand is about 1 core per window.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from unthrottle.cfs import Bandwidth
+from unthrottle.cgroups import Cgroup, Layout
+
+pytestmark = pytest.mark.kernel
+UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
+UID = "6f1e7c2a-93b4-4c1d-8e2f-0a1b2c3d4e5f"
+CID = "3f2a9c8d7e6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c2b1a0f"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get(url: str, timeout: float = 5) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def wait_for(url: str, seconds: float = 15) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if get(url, timeout=1)[0] == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{url} never answered 200")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """End a process we started, by PID."""
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+class Workload:
+    def __init__(self, layout: Layout) -> None:
+        self.root = f"unthrottle-test-agent-{os.getpid()}"
+        self.levels = [self.root, f"{self.root}/kubepods", f"{self.root}/kubepods/burstable",
+                       f"{self.root}/kubepods/burstable/pod{UID}",
+                       f"{self.root}/kubepods/burstable/pod{UID}/{CID}"]  # fmt: skip
+        self.cgroups = [Cgroup(layout, p) for p in self.levels]
+        self.container = self.cgroups[-1]
+        self.child: subprocess.Popen[bytes] | None = None
+
+    def start(self, seconds: float) -> None:
+        for cg in self.cgroups:
+            cg.create()
+        self.container.write_bandwidth(Bandwidth(30_000, 100_000))
+        code = (
+            f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end: pass"
+        )
+        self.child = subprocess.Popen([sys.executable, "-c", code])
+        self.container.add_process(self.child.pid)
+
+    def finish(self) -> None:
+        if self.child is not None:
+            self.child.wait(timeout=60)
+
+    def cleanup(self) -> None:
+        if self.child is not None and self.child.poll() is None:
+            self.child.kill()
+            self.child.wait()
+        for cg in reversed(self.cgroups):
+            cg.remove()
+
+
+@pytest.fixture
+def workload(layout: Layout) -> Iterator[Workload]:
+    w = Workload(layout)
+    try:
+        yield w
+    finally:
+        w.cleanup()
+
+
+@pytest.fixture
+def agent(workload: Workload) -> Iterator[str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [str(UNTHROTTLE), "agent", "--standalone", "--cgroup-root", workload.root,
+         "--listen", f"127.0.0.1:{port}", "--period", "100ms", "--discover-every", "500ms"],
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        wait_for(f"http://127.0.0.1:{port}/healthz")
+        yield f"127.0.0.1:{port}"
+    finally:
+        stop(proc)
+
+
+def samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+def test_the_agent_exports_what_the_kernel_counts_and_the_demand_usage_hides(
+    workload: Workload, agent: str
+) -> None:
+    workload.start(seconds=3)
+    workload.finish()  # discovered within 0.5 s of starting
+    time.sleep(0.5)  # counters frozen; the agent has sampled them since
+    status, text = get(f"http://{agent}/metrics")
+    assert status == 200
+    kernel = workload.container.read_stat()
+    got = samples(text)
+    pod = f"kubepods/burstable/pod{UID}/{CID}"
+    mine = {k: [v for labels, v in rows if labels.get("pod") == pod] for k, rows in got.items()}
+    assert mine["unthrottle_cpu_cfs_periods_total"] == [kernel.nr_periods]
+    assert mine["unthrottle_cpu_cfs_throttled_periods_total"] == [kernel.nr_throttled]
+    assert mine["unthrottle_cpu_cfs_throttled_seconds_total"] == [kernel.throttled_us / 1e6]
+    assert mine["unthrottle_cpu_cfs_quota_seconds"] == [0.03]
+    assert kernel.nr_throttled >= 15
+    # Windows where the thread ran: ~0.3 used + ~0.7 throttled = ~1 core of demand.
+    buckets = {labels["le"]: v for labels, v in got["unthrottle_cpu_demand_cores_bucket"]
+               if labels["pod"] == pod}  # fmt: skip
+    near_one = buckets["1.25"] - buckets["0.75"]
+    assert near_one >= 12, buckets
+    assert buckets["0.4"] - buckets["0.05"] <= 6  # hardly any window reads as the capped 0.3
+    assert mine["unthrottle_cpu_demand_peak_cores"][0] >= 0.9
+    # The pod-level and QoS cgroups have neither quota nor processes: not containers here.
+    assert {labels["pod"] for labels, _ in got["unthrottle_cpu_cfs_periods_total"]} == {pod}
+
+
+def test_healthz_answers_while_sampling(agent: str) -> None:
+    assert get(f"http://{agent}/healthz") == (200, "ok\n")
+    assert get(f"http://{agent}/nope")[0] == 404
+
+
+@pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus is not installed")
+def test_a_real_prometheus_scrapes_the_agent_and_promql_sees_the_demand(
+    workload: Workload, agent: str, tmp_path: Path
+) -> None:
+    port = free_port()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        f"scrape_configs:\n  - job_name: agent\n    static_configs: [{{targets: ['{agent}']}}]\n"
+    )
+    prom = subprocess.Popen(
+        ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_for(f"http://127.0.0.1:{port}/-/ready", seconds=30)
+        workload.start(seconds=8)
+        workload.finish()
+        time.sleep(2)  # the last scrape after the workload ended
+        query = (
+            "histogram_quantile(0.5, sum by (le) (increase("
+            f'unthrottle_cpu_demand_cores_bucket{{pod=~".*{CID}"}}[8s])))'
+        )
+        url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+        status, body = get(url)
+        assert status == 200, body
+        result = json.loads(body)["data"]["result"]
+        assert result, body
+        median = float(result[0]["value"][1])
+        # The workload's per-window demand is ~1 core; buckets around it are 0.9, 1.0, 1.25.
+        assert 0.75 <= median <= 1.25, median
+    finally:
+        stop(prom)
