@@ -30,14 +30,15 @@ STAT = "usage_usec 1000\nnr_periods 10\nnr_throttled 4\nthrottled_usec 7000\n"
 def series(layout: Layout, rel: str, pod: str) -> Series:
     reader = CounterReader(layout, rel)
     start = reader.read()
-    return Series(Found(rel, "ns", pod, "c"), reader, Bandwidth(30_000), start, 0, start)
+    return Series(Found(rel, "ns", pod, "c"), reader, Bandwidth(30_000), 8_000, 0, start)
 
 
 def test_hostile_label_values_parse_back_unchanged(tmp_path: Path) -> None:
     layout = v2_cgroup(tmp_path, "a", STAT)
     hostile = 'we"ird\\pod\nname} le="x'
     s = series(layout, "a", hostile)
-    s.observe(CpuStat(31_000, 11, 5, 83_000, 0, 0), 100_000_000, keep=10)  # (30 + 76) ms / 100 ms
+    s.observe(8_000 + 106_000, 100_000_000, keep=10)  # 106 ms over 100 ms: 1.06 cores
+    s.latest = CpuStat(31_000, 11, 5, 83_000, 0, 0)
     families = {f.name: f for f in text_string_to_metric_families(render([s]).decode())}
     buckets = [x for x in families["unthrottle_cpu_demand_cores"].samples
                if x.name.endswith("_bucket")]  # fmt: skip
@@ -72,7 +73,7 @@ def test_a_cgroup_removed_while_sampled_is_dropped_quietly(layout: Layout) -> No
     cg = Cgroup(layout, f"unthrottle-test-vanish-{os.getpid()}")
     cg.create()
     try:
-        sampler = Sampler(layout, lambda: [Found(cg.path, "", "x", "")])
+        sampler = Sampler(layout, lambda known: [Found(cg.path, "", "x", "")])
         sampler.refresh()
         sampler.sample()
         assert list(sampler.series) == [cg.path]

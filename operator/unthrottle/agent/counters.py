@@ -31,13 +31,9 @@ def _open(path: Path) -> int:
         raise
 
 
-def _fields(raw: bytes) -> dict[bytes, int]:
-    out = {}
-    for line in raw.split(b"\n"):
-        key, _, value = line.partition(b" ")
-        if value:
-            out[key] = int(value)
-    return out
+_V2_KEYS = (b"usage_usec", b"nr_periods", b"nr_throttled", b"throttled_usec", b"nr_bursts",
+            b"burst_usec")  # fmt: skip
+_V1_KEYS = (None, b"nr_periods", b"nr_throttled", b"throttled_time", b"nr_bursts", b"burst_time")
 
 
 class CounterReader:
@@ -51,8 +47,15 @@ class CounterReader:
         try:
             if not self.v2:
                 self._usage = _open(self.cgroup.acct_dir / "cpuacct.usage")
+            # cpu.stat's lines keep their order for a cgroup's life: learn where each
+            # field sits once, then read by position (older kernels lack the burst lines).
+            keys = self._pread(self._stat).split()[0::2]
+            wanted = _V2_KEYS if self.v2 else _V1_KEYS
+            self._at = [keys.index(k) * 2 + 1 if k in keys else -1 for k in wanted]
         except BaseException:
             os.close(self._stat)
+            if self._usage >= 0:
+                os.close(self._usage)
             raise
 
     def _pread(self, fd: int) -> bytes:
@@ -68,24 +71,28 @@ class CounterReader:
 
     def read(self) -> CpuStat:
         """Usage and throttling counters now, µs."""
-        stat = _fields(self._pread(self._stat))
+        parts = self._pread(self._stat).split()
+        at = self._at
         if self.v2:
-            return CpuStat(
-                usage_us=stat.get(b"usage_usec", 0),
-                nr_periods=stat.get(b"nr_periods", 0),
-                nr_throttled=stat.get(b"nr_throttled", 0),
-                throttled_us=stat.get(b"throttled_usec", 0),
-                nr_bursts=stat.get(b"nr_bursts", 0),
-                burst_us=stat.get(b"burst_usec", 0),
+            usage, periods, throttled, throttled_t, bursts, burst_t = (
+                int(parts[i]) if i >= 0 else 0 for i in at
             )
-        return CpuStat(
-            usage_us=int(self._pread(self._usage)) // 1000,
-            nr_periods=stat.get(b"nr_periods", 0),
-            nr_throttled=stat.get(b"nr_throttled", 0),
-            throttled_us=stat.get(b"throttled_time", 0) // 1000,
-            nr_bursts=stat.get(b"nr_bursts", 0),
-            burst_us=stat.get(b"burst_time", 0) // 1000,
+            return CpuStat(usage, periods, throttled, throttled_t, bursts, burst_t)
+        _, periods, throttled, throttled_ns, bursts, burst_ns = (
+            int(parts[i]) if i >= 0 else 0 for i in at
         )
+        usage_ns = int(self._pread(self._usage))
+        return CpuStat(
+            usage_ns // 1000, periods, throttled, throttled_ns // 1000, bursts, burst_ns // 1000
+        )
+
+    def demand(self) -> int:
+        """Usage + throttled time so far, µs: the one number each window needs."""
+        parts = self._pread(self._stat).split()
+        at = self._at
+        if self.v2:
+            return int(parts[at[0]]) + int(parts[at[3]])
+        return (int(self._pread(self._usage)) + int(parts[at[3]])) // 1000
 
     def bandwidth(self) -> Bandwidth:
         """Quota, period and burst in force (read rarely: at discovery)."""

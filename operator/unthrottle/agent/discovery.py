@@ -141,15 +141,18 @@ def _has_quota_or_procs(directory: Path) -> bool:
         return False
 
 
-def discover_standalone(layout: Layout, root: str) -> list[Found]:
+def discover_standalone(
+    layout: Layout, root: str, known: frozenset[str] = frozenset()
+) -> list[Found]:
     """Standalone mode: every cgroup below ``root`` with a quota or processes is a container.
 
-    Labels: ``namespace=""``, ``pod=<path below root>``, ``container=""``.
+    Labels: ``namespace=""``, ``pod=<path below root>``, ``container=""``. Paths in
+    ``known`` are kept while they exist, without reading their files again.
     """
     root = root.strip("/")
     out = []
     for rel in _walk(layout.cpu_root, root):
-        if _has_quota_or_procs(layout.cpu_root / rel):
+        if rel in known or _has_quota_or_procs(layout.cpu_root / rel):
             below = rel[len(root) :].strip("/") if root else rel
             out.append(Found(rel, "", below, ""))
     return out

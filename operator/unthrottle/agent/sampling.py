@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import contextlib
 import logging
 import threading
 import time
@@ -40,28 +41,30 @@ class Series:
     found: Found
     reader: CounterReader
     bandwidth: Bandwidth
-    last: CpuStat
+    last_demand_us: int
+    """Usage + throttled time at the last window's end (cumulative)."""
     last_ns: int
     latest: CpuStat
+    """The full counters, refreshed when scraped."""
     counts: list[int] = field(default_factory=lambda: [0] * (len(BUCKETS_CORES) + 1))
     total: int = 0
     sum_cores: float = 0.0
     recent: collections.deque[float] = field(default_factory=collections.deque)
 
-    def observe(self, now: CpuStat, now_ns: int, keep: int) -> None:
-        """Account one window ending now."""
+    def observe(self, demand_us: int, now_ns: int, keep: int) -> None:
+        """Account one window ending now, given cumulative usage + throttled time."""
         elapsed_us = (now_ns - self.last_ns) / 1000
         if elapsed_us <= 0:
             return
-        delta = now - self.last
-        demand = max(0, delta.usage_us + delta.throttled_us) / elapsed_us
+        demand = max(0, demand_us - self.last_demand_us) / elapsed_us
         self.counts[bisect.bisect_left(BUCKETS_CORES, demand)] += 1
         self.total += 1
         self.sum_cores += demand
-        self.recent.append(demand)
-        while len(self.recent) > keep:
-            self.recent.popleft()
-        self.last, self.last_ns, self.latest = now, now_ns, now
+        recent = self.recent
+        recent.append(demand)
+        if len(recent) > keep:
+            recent.popleft()
+        self.last_demand_us, self.last_ns = demand_us, now_ns
 
     @property
     def peak(self) -> float:
@@ -75,14 +78,17 @@ class Sampler:
     def __init__(
         self,
         layout: Layout,
-        discover: Callable[[], list[Found]],
+        discover: Callable[[frozenset[str]], list[Found]],
         *,
         period_ns: int = 100_000_000,
         peak_window_s: float = 60.0,
         refresh_s: float = 5.0,
+        settings_s: float = 30.0,
     ) -> None:
         self.layout = layout
         self.discover = discover
+        self.settings_ns = int(settings_s * 1e9)
+        self._settings_read_ns = 0
         self.period_ns = period_ns
         self.keep = max(1, round(peak_window_s * 1e9 / period_ns))
         self.refresh_ns = int(refresh_s * 1e9)
@@ -93,9 +99,15 @@ class Sampler:
         self._warned: set[str] = set()
 
     def refresh(self) -> None:
-        """Pick up new cgroups, drop vanished ones."""
-        found = {f.path: f for f in self.discover()}
+        """Pick up new cgroups, drop vanished ones; now and then re-read quota and burst."""
+        found = {f.path: f for f in self.discover(frozenset(self.series))}
+        reread = time.monotonic_ns() - self._settings_read_ns >= self.settings_ns
         with self.lock:
+            if reread:
+                self._settings_read_ns = time.monotonic_ns()
+                for series in self.series.values():
+                    with contextlib.suppress(CgroupError):  # vanishing: the next sample drops it
+                        series.bandwidth = series.reader.bandwidth()
             for path in list(self.series):
                 if path not in found:
                     self.series.pop(path).reader.close()
@@ -106,6 +118,7 @@ class Sampler:
                     reader = CounterReader(self.layout, path)
                     start = reader.read()
                     bandwidth = reader.bandwidth()
+                    demand = reader.demand()
                 except (Vanished, CgroupError):
                     continue  # gone between the walk and the open: pods die all the time
                 except PermissionError as err:
@@ -114,21 +127,39 @@ class Sampler:
                         log.error("cannot read %s: %s (the agent needs root)", path, err)
                     continue
                 self.series[path] = Series(
-                    item, reader, bandwidth, start, time.monotonic_ns(), start
+                    item, reader, bandwidth, demand, time.monotonic_ns(), start
                 )
 
     def sample(self) -> None:
         """Read every cgroup once and account the window that just ended."""
+        keep = self.keep
+        gone = []
         with self.lock:
-            for path, series in list(self.series.items()):
+            for path, series in self.series.items():
                 try:
-                    now = series.reader.read()
+                    demand = series.reader.demand()
                 except Vanished:
-                    self.series.pop(path).reader.close()
+                    gone.append(path)
                     continue
-                series.observe(now, time.monotonic_ns(), self.keep)
+                series.observe(demand, time.monotonic_ns(), keep)
+            for path in gone:
+                self.series.pop(path).reader.close()
             self.last_sample_ns = time.monotonic_ns()
             self.windows += 1
+
+    def snapshot(self) -> list[Series]:
+        """Every series with its full counters read now (for a scrape); call with the lock."""
+        out, gone = [], []
+        for path, series in self.series.items():
+            try:
+                series.latest = series.reader.read()
+            except Vanished:
+                gone.append(path)
+                continue
+            out.append(series)
+        for path in gone:
+            self.series.pop(path).reader.close()
+        return out
 
     def run(self, stop: threading.Event) -> None:
         """Sample every period (on an absolute schedule) and refresh now and then, until stopped."""

@@ -17,11 +17,8 @@ def make_server(sampler: Sampler, host: str, port: int) -> ThreadingHTTPServer:
         def do_GET(self) -> None:
             if self.path.split("?")[0] == "/metrics":
                 with sampler.lock:
-                    body = render(
-                        list(sampler.series.values()),
-                        windows=sampler.windows,
-                        cgroups=len(sampler.series),
-                    )
+                    series = sampler.snapshot()
+                    body = render(series, windows=sampler.windows, cgroups=len(series))
                 self._reply(200, CONTENT_TYPE, body)
             elif self.path == "/healthz":
                 # Healthy while the sampling loop has run within the last five periods.

@@ -277,7 +277,7 @@ def agent(
         raise _fail(str(error), 1) from None
     sampler = Sampler(
         layout,
-        lambda: discover_standalone(layout, cgroup_root),
+        lambda known: discover_standalone(layout, cgroup_root, known),
         period_ns=period_ns,
         peak_window_s=peak_s,
         refresh_s=refresh_s,
