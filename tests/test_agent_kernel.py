@@ -200,3 +200,39 @@ def test_a_real_prometheus_scrapes_the_agent_and_promql_sees_the_demand(
         assert 0.75 <= median <= 1.25, median
     finally:
         stop(prom)
+
+
+def test_the_agent_names_pods_and_containers_through_the_kubernetes_api(
+    workload: Workload, tmp_path: Path
+) -> None:
+    from kmock_thread import KmockThread, pod
+
+    with KmockThread() as km:
+        km.put_pod(pod("shop", "api-1", UID, "node-test", {"api": CID}))
+        km.put_pod(pod("shop", "elsewhere", "0" * 8 + "-0000-0000-0000-" + "0" * 12, "node-b",
+                       {"api": "f" * 64}))  # fmt: skip
+        port = free_port()
+        proc = subprocess.Popen(
+            [str(UNTHROTTLE), "agent", "--kubeconfig", str(km.kubeconfig(tmp_path / "kc")),
+             "--node-name", "node-test", "--kubepods-parent", workload.root,
+             "--listen", f"127.0.0.1:{port}", "--discover-every", "500ms"],
+            stderr=subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            wait_for(f"http://127.0.0.1:{port}/healthz")
+            workload.start(seconds=1.5)
+            workload.finish()
+            time.sleep(0.3)
+            status, text = get(f"http://127.0.0.1:{port}/metrics")
+        finally:
+            stop(proc)
+    assert status == 200
+    names = {
+        (labels["namespace"], labels["pod"], labels["container"])
+        for labels, _ in samples(text)["unthrottle_cpu_cfs_periods_total"]
+    }
+    # the container by its name, and the pod-level cgroup (its own quota) with container=""
+    assert names == {("shop", "api-1", "api"), ("shop", "api-1", "")}
+    periods = {labels["container"]: v for labels, v in samples(text)[
+        "unthrottle_cpu_cfs_throttled_periods_total"]}  # fmt: skip
+    assert periods["api"] == workload.container.read_stat().nr_throttled >= 5

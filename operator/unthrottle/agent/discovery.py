@@ -115,14 +115,20 @@ def _walk(root: Path, below: str) -> list[str]:
     return sorted(out)
 
 
-def discover_kubepods(layout: Layout) -> list[tuple[str, Identity]]:
-    """Every pod and container cgroup of the kubelet's trees, with what it is."""
+def discover_kubepods(layout: Layout, parent: str = "") -> list[tuple[str, Identity]]:
+    """Every pod and container cgroup of the kubelet's trees, with what it is.
+
+    ``parent``: where ``kubepods[.slice]`` sits below the mount ("" on a node;
+    a nested directory in kind-like setups and tests).
+    """
+    parent = parent.strip("/")
     found = []
     for top in ("kubepods.slice", "kubepods"):
-        if not (layout.cpu_root / top).is_dir():
+        start = f"{parent}/{top}" if parent else top
+        if not (layout.cpu_root / start).is_dir():
             continue
-        for rel in [top, *_walk(layout.cpu_root, top)]:
-            identity = identify(rel)
+        for rel in [start, *_walk(layout.cpu_root, start)]:
+            identity = identify(rel[len(parent) :] if parent else rel)
             if identity is not None:
                 found.append((rel, identity))
     return found

@@ -5,20 +5,22 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from json import dumps
 from pathlib import Path
 from types import FrameType
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
 from unthrottle import __version__
-from unthrottle.agent.discovery import discover_standalone
+from unthrottle.agent.discovery import Found, discover_kubepods, discover_standalone
+from unthrottle.agent.naming import CachedPods, KubePodSource, name_cgroups
 from unthrottle.agent.sampling import Sampler
 from unthrottle.agent.server import make_server, serve
 from unthrottle.cfs.figures import RunFigures
@@ -255,16 +257,21 @@ def agent(
         str, typer.Option(help="The peak gauge covers this much history.")
     ] = "60s",
     discover_every: Annotated[
-        str, typer.Option(help="How often to look for new and vanished cgroups.")
+        str, typer.Option(help="How often to look for new and vanished cgroups (and pods).")
     ] = "5s",
+    node_name: Annotated[
+        str | None,
+        typer.Option(help="This node's name [default: $NODE_NAME, else the hostname]."),
+    ] = None,
+    kubeconfig: Annotated[
+        Path | None,
+        typer.Option(help="Kubeconfig [default: in-cluster, else $KUBECONFIG / ~/.kube/config]."),
+    ] = None,
+    kubepods_parent: Annotated[
+        str, typer.Option(help="Where kubepods[.slice] sits below the mount (kind, tests).")
+    ] = "",
 ) -> None:
     """The node agent: sample container cgroups every period and export to Prometheus."""
-    if not standalone:
-        raise _fail(
-            "naming cgroups through the Kubernetes API is not built yet (issue 4 is open); "
-            "run with --standalone to name them by cgroup path",
-            2,
-        )
     host, _, port_text = listen.rpartition(":")
     if not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
         raise _fail(f"--listen: {listen!r} is not HOST:PORT", 2)
@@ -275,9 +282,20 @@ def agent(
         layout = detect_layout()
     except CgroupError as error:
         raise _fail(str(error), 1) from None
+    discover: Callable[[frozenset[str]], list[Found]]
+    if standalone:
+        discover = lambda known: discover_standalone(layout, cgroup_root, known)  # noqa: E731
+        where = f"below {cgroup_root!r}, named by path"
+    else:
+        node = node_name or os.environ.get("NODE_NAME") or socket.gethostname()
+        pods = CachedPods(KubePodSource(_core_api(kubeconfig), node))
+        discover = lambda known: name_cgroups(  # noqa: E731
+            discover_kubepods(layout, kubepods_parent), pods.pods()
+        )
+        where = f"of node {node!r}, named through the Kubernetes API"
     sampler = Sampler(
         layout,
-        lambda known: discover_standalone(layout, cgroup_root, known),
+        discover,
         period_ns=period_ns,
         peak_window_s=peak_s,
         refresh_s=refresh_s,
@@ -289,9 +307,25 @@ def agent(
         server = make_server(sampler, host.strip("[]"), int(port_text))
     except OSError as error:
         raise _fail(f"--listen {listen}: {error.strerror}", 1) from None
-    err.print(f"agent: sampling {layout.version} below {cgroup_root!r} every {period}, "
+    err.print(f"agent: sampling the {layout.version} cgroups {where} every {period}, "
               f"serving http://{listen}/metrics", highlight=False)  # fmt: skip
     serve(sampler, server, stop)
+
+
+def _core_api(kubeconfig: Path | None) -> Any:
+    """A CoreV1Api: in-cluster when there, else from the kubeconfig."""
+    from kubernetes import client, config
+
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    else:
+        try:
+            config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=str(kubeconfig) if kubeconfig else None
+            )
+        except Exception as error:
+            raise _fail(f"--kubeconfig: cannot load it ({error})", 2) from None
+    return client.CoreV1Api()
 
 
 def main() -> None:
