@@ -100,7 +100,7 @@ def pod(namespace: str, name: str, uid: str, node: str, containers: dict[str, st
             "name": name,
             "uid": uid,
             "annotations": annotations or {},
-        },  # fmt: skip
+        },
         "spec": {"nodeName": node, "containers": [{"name": n} for n in containers]},
         "status": {
             "containerStatuses": [
