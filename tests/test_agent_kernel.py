@@ -208,14 +208,16 @@ def test_the_agent_names_pods_and_containers_through_the_kubernetes_api(
     from kmock_thread import KmockThread, pod
 
     with KmockThread() as km:
-        km.put_pod(pod("shop", "api-1", UID, "node-test", {"api": CID}))
+        km.put_pod(pod("shop", "api-1", UID, "node-test", {"api": CID},
+                       {"unthrottle.io/cpu-burst": "40ms"}))  # fmt: skip
         km.put_pod(pod("shop", "elsewhere", "0" * 8 + "-0000-0000-0000-" + "0" * 12, "node-b",
                        {"api": "f" * 64}))  # fmt: skip
         port = free_port()
         proc = subprocess.Popen(
             [str(UNTHROTTLE), "agent", "--kubeconfig", str(km.kubeconfig(tmp_path / "kc")),
              "--node-name", "node-test", "--kubepods-parent", workload.root,
-             "--listen", f"127.0.0.1:{port}", "--discover-every", "500ms"],
+             "--listen", f"127.0.0.1:{port}", "--discover-every", "500ms",
+             "--burst-node-threshold", "1.0"],
             stderr=subprocess.PIPE,
         )  # fmt: skip
         try:
@@ -236,3 +238,6 @@ def test_the_agent_names_pods_and_containers_through_the_kubernetes_api(
     periods = {labels["container"]: v for labels, v in samples(text)[
         "unthrottle_cpu_cfs_throttled_periods_total"]}  # fmt: skip
     assert periods["api"] == workload.container.read_stat().nr_throttled >= 5
+    # The annotation asked 40 ms; the quota is 30 ms: the kernel holds 30 ms, and it was counted.
+    assert workload.container.read_bandwidth().burst_us == 30_000
+    assert "unthrottle_agent_burst_clamped_total 1" in text

@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from unthrottle.agent.exposition import CONTENT_TYPE, render
 from unthrottle.agent.sampling import Sampler
 
 
-def make_server(sampler: Sampler, host: str, port: int) -> ThreadingHTTPServer:
-    """An HTTP server (not yet serving) for a sampler."""
+def make_server(
+    sampler: Sampler,
+    host: str,
+    port: int,
+    *,
+    extra: Callable[[], str] | None = None,
+) -> ThreadingHTTPServer:
+    """An HTTP server (not yet serving) for a sampler; ``extra`` adds exposition lines."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -19,6 +26,8 @@ def make_server(sampler: Sampler, host: str, port: int) -> ThreadingHTTPServer:
                 with sampler.lock:
                     series = sampler.snapshot()
                     body = render(series, windows=sampler.windows, cgroups=len(series))
+                if extra is not None:
+                    body += extra().encode()
                 self._reply(200, CONTENT_TYPE, body)
             elif self.path == "/healthz":
                 # Healthy while the sampling loop has run within the last five periods.

@@ -200,6 +200,16 @@ class Cgroup:
         if bandwidth.burst_us:
             _write(self.cpu_dir / burst_file, str(bandwidth.burst_us))
 
+    def write_burst(self, burst_us: int) -> None:
+        """Set only the burst, leaving quota and period to their owner (the kubelet).
+
+        The caller clamps to the quota; the kernel refuses more (EINVAL, named in the error).
+        """
+        name = "cpu.max.burst" if self.layout.version is Version.V2 else "cpu.cfs_burst_us"
+        if not self.supports_burst():
+            raise CgroupError(self.cpu_dir / name, "kernel too old for CPU burst (needs 5.14+)")
+        _write(self.cpu_dir / name, str(burst_us))
+
     # --- counters --------------------------------------------------------------------------
 
     def read_stat(self) -> CpuStat:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -19,6 +20,7 @@ import typer
 from rich.console import Console
 
 from unthrottle import __version__
+from unthrottle.agent.burst import DEFAULT_NODE_THRESHOLD, BurstWriter, ProcStat
 from unthrottle.agent.discovery import Found, discover_kubepods, discover_standalone
 from unthrottle.agent.naming import CachedPods, KubePodSource, name_cgroups
 from unthrottle.agent.sampling import Sampler
@@ -270,6 +272,14 @@ def agent(
     kubepods_parent: Annotated[
         str, typer.Option(help="Where kubepods[.slice] sits below the mount (kind, tests).")
     ] = "",
+    burst: Annotated[
+        bool,
+        typer.Option(help="Write the burst that pod annotations ask for (Kubernetes mode)."),
+    ] = True,
+    burst_node_threshold: Annotated[
+        float,
+        typer.Option(min=0, max=1, help="Grant no burst while node CPU usage is above this."),
+    ] = DEFAULT_NODE_THRESHOLD,
 ) -> None:
     """The node agent: sample container cgroups every period and export to Prometheus."""
     host, _, port_text = listen.rpartition(":")
@@ -283,15 +293,25 @@ def agent(
     except CgroupError as error:
         raise _fail(str(error), 1) from None
     discover: Callable[[frozenset[str]], list[Found]]
+    writer: BurstWriter | None = None
     if standalone:
         discover = lambda known: discover_standalone(layout, cgroup_root, known)  # noqa: E731
         where = f"below {cgroup_root!r}, named by path"
     else:
         node = node_name or os.environ.get("NODE_NAME") or socket.gethostname()
         pods = CachedPods(KubePodSource(_core_api(kubeconfig), node))
-        discover = lambda known: name_cgroups(  # noqa: E731
-            discover_kubepods(layout, kubepods_parent), pods.pods()
-        )
+        writer = BurstWriter(layout, ProcStat(), burst_node_threshold) if burst else None
+
+        def discover(known: frozenset[str]) -> list[Found]:
+            current = pods.pods()
+            found = name_cgroups(discover_kubepods(layout, kubepods_parent), current)
+            if writer is not None:
+                try:
+                    writer.apply(found, current)
+                except Exception:  # a failed write must never stop the sampling
+                    logging.getLogger("unthrottle.agent").exception("burst writer failed")
+            return found
+
         where = f"of node {node!r}, named through the Kubernetes API"
     sampler = Sampler(
         layout,
@@ -303,8 +323,9 @@ def agent(
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    extra = writer.metrics if writer is not None else None
     try:
-        server = make_server(sampler, host.strip("[]"), int(port_text))
+        server = make_server(sampler, host.strip("[]"), int(port_text), extra=extra)
     except OSError as error:
         raise _fail(f"--listen {listen}: {error.strerror}", 1) from None
     err.print(f"agent: sampling the {layout.version} cgroups {where} every {period}, "

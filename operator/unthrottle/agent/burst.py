@@ -1,0 +1,174 @@
+"""Write the CPU burst that pod annotations ask for into the container and pod cgroups.
+
+Kubernetes has no field for burst; the agent sets ``cpu.cfs_burst_us`` /
+``cpu.max.burst`` itself, from ``unthrottle.io/cpu-burst`` or Koordinator's
+``koordinator.sh/cpuBurst`` (:mod:`unthrottle.model.burst`):
+
+- only the burst file is written; quota and period stay the kubelet's;
+- never above the quota: a larger request is clamped, logged once, counted;
+- the pod cgroup gets the sum of its containers' bursts, clamped to its own
+  quota (it carries the sum of their limits and would throttle them otherwise);
+- on every rediscovery: a restarted container (a new cgroup) gets it again,
+  and a cgroup whose annotation went away is set back to 0;
+- **node safety**: while the node's CPU usage is above ``threshold`` (default
+  0.5 of all CPUs, as Koordinator's ``sharePoolThresholdPercent``), no burst
+  is granted: every burst this agent set goes to 0 until usage falls below it.
+  Bursting containers borrow idle CPU, and a busy node has none to lend;
+- a kernel without burst support: reads still work, writes are skipped with a
+  reason logged once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from unthrottle.agent.discovery import Found
+from unthrottle.agent.naming import PodInfo
+from unthrottle.cgroups import Cgroup, CgroupError, Layout
+from unthrottle.model.burst import BurstAnnotationError, burst_specs, spec_for
+
+log = logging.getLogger("unthrottle.agent")
+DEFAULT_NODE_THRESHOLD = 0.5
+
+
+class NodeCpuSource(Protocol):
+    """The node's CPU usage as a share of all its CPUs, since the last call."""
+
+    def usage(self) -> float:
+        """0–1."""
+        ...
+
+
+class ProcStat:
+    """Node CPU usage from ``/proc/stat`` (busy / total jiffies between two calls)."""
+
+    def __init__(self, path: Path = Path("/proc/stat")) -> None:
+        self.path = path
+        self._last = self._read()
+
+    def _read(self) -> tuple[int, int]:
+        fields = [int(x) for x in self.path.read_text().split("\n", 1)[0].split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        return sum(fields) - idle, sum(fields)
+
+    def usage(self) -> float:
+        """Busy share since the previous call."""
+        busy, total = self._read()
+        last_busy, last_total = self._last
+        self._last = (busy, total)
+        return (busy - last_busy) / (total - last_total) if total > last_total else 0.0
+
+
+@dataclass
+class BurstWriter:
+    """Keeps every annotated container's burst as asked, within the node's means."""
+
+    layout: Layout
+    node: NodeCpuSource
+    threshold: float = DEFAULT_NODE_THRESHOLD
+    granted: dict[str, int] = field(default_factory=dict)
+    """Cgroup path → burst this agent wrote (what to undo)."""
+    clamped_total: int = 0
+    """Distinct clamps: a cgroup whose burst had to be cut to its quota (once per value)."""
+    suspended: bool = False
+    _said: set[str] = field(default_factory=set)
+
+    def _once(self, key: str, message: str, *args: object) -> bool:
+        """Log a message the first time ``key`` comes up; True that first time."""
+        if key in self._said:
+            return False
+        self._said.add(key)
+        log.warning(message, *args)
+        return True
+
+    def wanted(self, found: Iterable[Found], pods: Iterable[PodInfo]) -> dict[str, int]:
+        """Cgroup path → burst µs that the annotations ask for (clamped to each quota)."""
+        by_uid = {p.uid: p for p in pods}
+        containers: dict[str, list[tuple[Found, int]]] = {}
+        pod_paths: dict[str, Found] = {}
+        for item in found:
+            if item.identity is None:
+                continue
+            pod = by_uid.get(item.identity.pod_uid)
+            if pod is None:
+                continue
+            if item.identity.container_id is None:
+                pod_paths[pod.uid] = item
+                continue
+            try:
+                specs = burst_specs(pod.annotations)
+            except BurstAnnotationError as err:
+                self._once(f"bad:{pod.uid}", "pod %s/%s: %s", pod.namespace, pod.name, err)
+                continue
+            spec = spec_for(specs, item.container)
+            if spec is None:
+                continue
+            try:
+                quota = Cgroup(self.layout, item.path).read_bandwidth().quota_us
+            except CgroupError:
+                continue  # vanishing
+            burst, clamped = spec.resolve(quota)
+            # Counted (and logged) once per cgroup and clamped value, not at every rediscovery.
+            if clamped and self._once(f"clamp:{item.path}:{burst}",
+                                      "%s/%s %s: burst clamped to the quota (%d µs)",
+                                      pod.namespace, pod.name, item.container, burst):  # fmt: skip
+                self.clamped_total += 1
+            containers.setdefault(pod.uid, []).append((item, burst))
+        out = {}
+        for uid, items in containers.items():
+            for item, burst in items:
+                out[item.path] = burst
+            pod_item = pod_paths.get(uid)
+            if pod_item is not None:
+                try:
+                    quota = Cgroup(self.layout, pod_item.path).read_bandwidth().quota_us
+                except CgroupError:
+                    continue
+                total = sum(b for _, b in items)
+                out[pod_item.path] = min(total, quota) if quota is not None else 0
+        return out
+
+    def metrics(self) -> str:
+        """The writer's own metrics, in the exposition format."""
+        return (
+            "# HELP unthrottle_agent_burst_suspended 1 while node safety grants no burst.\n"
+            "# TYPE unthrottle_agent_burst_suspended gauge\n"
+            f"unthrottle_agent_burst_suspended {int(self.suspended)}\n"
+            "# HELP unthrottle_agent_burst_clamped_total Bursts clamped to the quota.\n"
+            "# TYPE unthrottle_agent_burst_clamped_total counter\n"
+            f"unthrottle_agent_burst_clamped_total {self.clamped_total}\n"
+        )
+
+    def apply(self, found: list[Found], pods: list[PodInfo]) -> None:
+        """Bring every cgroup's burst to what is wanted now (or to 0 while the node is busy)."""
+        wanted = self.wanted(found, pods)
+        busy = self.node.usage() > self.threshold
+        if busy != self.suspended:
+            self.suspended = busy
+            log.warning("node CPU usage %s %.0f %%: %s burst", "above" if busy else "below",
+                        self.threshold * 100, "suspending" if busy else "resuming")  # fmt: skip
+        if busy:
+            wanted = {path: 0 for path in wanted}
+        for path in set(self.granted) - set(wanted):
+            wanted[path] = 0  # the annotation went away: undo what we set
+        for path, burst in wanted.items():
+            if self.granted.get(path) == burst and burst != 0:
+                continue
+            cgroup = Cgroup(self.layout, path)
+            try:
+                if not cgroup.exists():
+                    self.granted.pop(path, None)
+                    continue
+                if cgroup.read_bandwidth().burst_us != burst:
+                    cgroup.write_burst(burst)
+            except CgroupError as err:
+                self._once(f"write:{err.reason}", "cannot set burst: %s", err)
+                continue
+            if burst:
+                self.granted[path] = burst
+            else:
+                self.granted.pop(path, None)

@@ -1,0 +1,155 @@
+"""The burst writer on real cgroups: what the kernel reports is what the annotations ask,
+never above the quota, undone when asked, and held back while the node is busy (root only)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from unthrottle.agent.burst import BurstWriter
+from unthrottle.agent.discovery import Found, discover_kubepods
+from unthrottle.agent.naming import PodInfo, name_cgroups
+from unthrottle.cfs import Bandwidth
+from unthrottle.cgroups import Cgroup, Layout
+
+pytestmark = pytest.mark.kernel
+UID = "6f1e7c2a-93b4-4c1d-8e2f-0a1b2c3d4e5f"
+API, ENVOY, API2 = "a" * 64, "b" * 64, "c" * 64
+
+
+@dataclass
+class NodeCpu:
+    """A node whose CPU usage the test sets (behind the writer's narrow interface)."""
+
+    share: float = 0.1
+
+    def usage(self) -> float:
+        return self.share
+
+
+class Node:
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+        self.root = f"unthrottle-test-burst-{os.getpid()}"
+        self.pod = f"{self.root}/kubepods/burstable/pod{UID}"
+        self.made: list[Cgroup] = []
+        for path in (self.root, f"{self.root}/kubepods", f"{self.root}/kubepods/burstable"):
+            self.make(path)
+        self.make(self.pod, 60_000)
+
+    def make(self, path: str, quota: int | None = None) -> Cgroup:
+        cg = Cgroup(self.layout, path)
+        cg.create()
+        self.made.append(cg)
+        if quota is not None:
+            cg.write_bandwidth(Bandwidth(quota))
+        return cg
+
+    def container(self, cid: str, quota: int) -> Cgroup:
+        return self.make(f"{self.pod}/{cid}", quota)
+
+    def remove(self, cg: Cgroup) -> None:
+        cg.remove()
+        self.made.remove(cg)
+
+    def found(self, pods: list[PodInfo]) -> list[Found]:
+        return name_cgroups(discover_kubepods(self.layout, self.root), pods)
+
+    def burst(self, path: str) -> int:
+        return Cgroup(self.layout, path).read_bandwidth().burst_us
+
+    def cleanup(self) -> None:
+        for cg in reversed(self.made):
+            cg.remove()
+
+
+@pytest.fixture
+def node(layout: Layout) -> Iterator[Node]:
+    n = Node(layout)
+    try:
+        yield n
+    finally:
+        n.cleanup()
+
+
+def pods(annotations: dict[str, str], containers: dict[str, str]) -> list[PodInfo]:
+    return [PodInfo("shop", "api-1", UID, containers, annotations)]
+
+
+def test_annotated_bursts_reach_the_kernel_clamped_to_each_quota(node: Node) -> None:
+    api, envoy = node.container(API, 30_000), node.container(ENVOY, 20_000)
+    writer = BurstWriter(node.layout, NodeCpu())
+    current = pods({"unthrottle.io/cpu-burst": "api=40ms,envoy=5ms"},
+                   {API: "api", ENVOY: "envoy"})  # fmt: skip
+    writer.apply(node.found(current), current)
+    assert node.burst(api.path) == 30_000  # asked 40 ms, clamped to the 30 ms quota, no EINVAL
+    assert node.burst(envoy.path) == 5_000
+    assert node.burst(node.pod) == 35_000  # the containers' sum, within the pod's 60 ms quota
+    assert writer.clamped_total == 1
+    assert "unthrottle_agent_burst_clamped_total 1" in writer.metrics()
+
+
+def test_koordinators_percentages_are_honoured(node: Node) -> None:
+    api, envoy = node.container(API, 30_000), node.container(ENVOY, 20_000)
+    writer = BurstWriter(node.layout, NodeCpu())
+    current = pods({"koordinator.sh/cpuBurst": '{"policy": "auto", "cpuBurstPercent": 50}'},
+                   {API: "api", ENVOY: "envoy"})  # fmt: skip
+    writer.apply(node.found(current), current)
+    assert (node.burst(api.path), node.burst(envoy.path), node.burst(node.pod)) == (
+        15_000, 10_000, 25_000)  # fmt: skip
+
+
+def test_removing_the_annotation_takes_the_burst_back(node: Node) -> None:
+    api = node.container(API, 30_000)
+    writer = BurstWriter(node.layout, NodeCpu())
+    asked = pods({"unthrottle.io/cpu-burst": "10ms"}, {API: "api"})
+    writer.apply(node.found(asked), asked)
+    assert node.burst(api.path) == 10_000
+    plain = pods({}, {API: "api"})
+    writer.apply(node.found(plain), plain)
+    assert node.burst(api.path) == 0 and node.burst(node.pod) == 0
+    assert writer.granted == {}
+
+
+def test_a_restarted_container_gets_its_burst_again(node: Node) -> None:
+    first = node.container(API, 30_000)
+    writer = BurstWriter(node.layout, NodeCpu())
+    asked = pods({"unthrottle.io/cpu-burst": "10ms"}, {API: "api"})
+    writer.apply(node.found(asked), asked)
+    node.remove(first)  # the container restarts: a new ID, a new cgroup
+    second = node.container(API2, 30_000)
+    again = pods({"unthrottle.io/cpu-burst": "10ms"}, {API2: "api"})
+    writer.apply(node.found(again), again)
+    assert node.burst(second.path) == 10_000
+    assert first.path not in writer.granted
+
+
+def test_a_busy_node_grants_no_burst_until_it_calms_down(node: Node) -> None:
+    api = node.container(API, 30_000)
+    cpu = NodeCpu(share=0.9)
+    writer = BurstWriter(node.layout, cpu, threshold=0.5)
+    asked = pods({"unthrottle.io/cpu-burst": "10ms"}, {API: "api"})
+    writer.apply(node.found(asked), asked)
+    assert node.burst(api.path) == 0 and writer.suspended
+    assert "unthrottle_agent_burst_suspended 1" in writer.metrics()
+    cpu.share = 0.2
+    writer.apply(node.found(asked), asked)
+    assert node.burst(api.path) == 10_000 and not writer.suspended
+    cpu.share = 0.95
+    writer.apply(node.found(asked), asked)
+    assert node.burst(api.path) == 0
+
+
+def test_a_bad_annotation_changes_nothing_and_is_logged_once(
+    node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    api = node.container(API, 30_000)
+    writer = BurstWriter(node.layout, NodeCpu())
+    bad = pods({"unthrottle.io/cpu-burst": "lots"}, {API: "api"})
+    for _ in range(3):
+        writer.apply(node.found(bad), bad)
+    assert node.burst(api.path) == 0
+    assert sum("cpu-burst" in r.getMessage() for r in caplog.records) == 1
