@@ -78,17 +78,35 @@ def run_run(workload: Workload, run: RunSpec, layout: Layout, options: LabOption
     return _measure(workload, run, layout, options, sample=False)[0]
 
 
+Watch = Callable[[Cgroup, int, int], Callable[[], None]]
+"""Called with (cgroup, start ns, period ns) just before a run starts; returns its stop."""
+
+
 def run_sampled(
-    workload: Workload, run: RunSpec, layout: Layout, options: LabOptions
+    workload: Workload,
+    run: RunSpec,
+    layout: Layout,
+    options: LabOptions,
+    *,
+    watch: Watch | None = None,
 ) -> tuple[RunFigures, PeriodSamples]:
-    """Measure one run and sample its cgroup each period."""
-    figures, samples = _measure(workload, run, layout, options, sample=True)
+    """Measure one run and sample its cgroup each period, aligned to the kernel's grid.
+
+    ``watch`` lets other samplers (the agent's, at other phases) observe the same run.
+    """
+    figures, samples = _measure(workload, run, layout, options, sample=True, watch=watch)
     assert samples is not None
     return figures, samples
 
 
 def _measure(
-    workload: Workload, run: RunSpec, layout: Layout, options: LabOptions, *, sample: bool
+    workload: Workload,
+    run: RunSpec,
+    layout: Layout,
+    options: LabOptions,
+    *,
+    sample: bool,
+    watch: Watch | None = None,
 ) -> tuple[RunFigures, PeriodSamples | None]:
     bandwidth = run.bandwidth()
     name = f"{options.cgroup_parent}/unthrottle-lab-{os.getpid()}-{next(_names)}".strip("/")
@@ -105,6 +123,7 @@ def _measure(
             sampler = PeriodSampler(cgroup, t0, bandwidth.period_us * 1000) if sample else None
             if sampler is not None:
                 sampler.start()
+            unwatch = watch(cgroup, t0, bandwidth.period_us * 1000) if watch else None
             before = cgroup.read_stat()
             wakeups: list[int] = []
             try:
@@ -112,6 +131,8 @@ def _measure(
             finally:
                 if sampler is not None:
                     sampler.stop()
+                if unwatch is not None:
+                    unwatch()
             after = cgroup.read_stat()
         finally:
             workers.close()

@@ -1,0 +1,93 @@
+"""The agent's demand histogram agrees with the lab's aligned measurement of the same run.
+
+The lab samples the cgroup on the kernel's own period grid (the truth). The
+agent's code (its counter reader and its histogram) samples the same run at
+the same time through unaligned 100 ms windows, half a period off the grid.
+Its histogram's quantiles, read the way PromQL's ``histogram_quantile`` does,
+must fall within a bucket of the truth (root only).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from unthrottle.agent.counters import CounterReader
+from unthrottle.agent.discovery import Found
+from unthrottle.agent.sampling import BUCKETS_CORES, Series
+from unthrottle.agent.windows import WindowSampler
+from unthrottle.cfs import Bandwidth
+from unthrottle.cgroups import Cgroup, CpuStat, Layout
+from unthrottle.lab import LabOptions, run_sampled
+from unthrottle.model.scenario import parse_scenario
+
+pytestmark = pytest.mark.kernel
+
+SCENARIO = parse_scenario(
+    {
+        "name": "agent-vs-lab",
+        "workload": {
+            "kind": "open",
+            "task_cpu_ms": 8,
+            "workers": 2,
+            "tasks": 180,
+            "rate_per_s": 60,
+            "seed": 3,
+        },
+        "runs": [{"cpus": 0.6}],
+    }
+)
+
+
+def histogram_quantile(q: float, counts: list[int]) -> float:
+    """PromQL's histogram_quantile over the agent's (non-cumulative) bucket counts."""
+    bounds = [0.0, *BUCKETS_CORES]
+    total = sum(counts)
+    rank = q * total
+    running = 0
+    for i, count in enumerate(counts[:-1]):
+        if running + count >= rank:
+            low, high = bounds[i], bounds[i + 1]
+            return low + (high - low) * (rank - running) / count if count else high
+        running += count
+    return BUCKETS_CORES[-1]
+
+
+def bucket_width(value: float) -> float:
+    bounds = [0.0, *BUCKETS_CORES]
+    for low, high in itertools.pairwise(bounds):
+        if value <= high:
+            return high - low
+    return bounds[-1]
+
+
+def test_the_agents_histogram_matches_the_kernel_aligned_truth(layout: Layout) -> None:
+    taken: dict[str, WindowSampler] = {}
+
+    def watch(cgroup: Cgroup, t0: int, period_ns: int) -> Callable[[], None]:
+        reader = CounterReader(layout, cgroup.path)
+        taken["agent"] = WindowSampler(reader, t0, period_ns, phase_ns=period_ns // 2)
+        taken["agent"].start()
+
+        def stop() -> None:
+            taken["agent"].stop()
+            reader.close()
+
+        return stop
+
+    _, truth = run_sampled(SCENARIO.workload.to_workload(), SCENARIO.runs[0], layout,
+                           LabOptions(), watch=watch)  # fmt: skip
+    readings = taken["agent"].readings
+    series = Series(Found("x", "", "x", ""), None, Bandwidth(60_000), readings[0][1],  # type: ignore[arg-type]
+                    readings[0][0], CpuStat(0, 0, 0, 0, 0, 0))  # fmt: skip
+    for at, demand in readings[1:]:
+        series.observe(demand, at, keep=10)
+    aligned = truth.demand_us / truth.period_us  # idle periods count, as idle windows do
+    assert series.total >= 0.8 * aligned.size
+    for q in (0.5, 0.9):
+        want = float(np.quantile(aligned, q, method="inverted_cdf"))
+        got = histogram_quantile(q, series.counts)
+        assert abs(got - want) <= bucket_width(want) + 0.05, (q, got, want, series.counts)
