@@ -84,3 +84,16 @@ def test_a_cgroup_removed_while_sampled_is_dropped_quietly(layout: Layout) -> No
     sampler.refresh()  # and rediscovery copes with a path that no longer exists
     assert sampler.series == {}
     sampler.close()
+
+
+def test_agent_logs_are_one_json_object_per_line() -> None:
+    import json
+    import logging
+
+    from unthrottle.agent.logs import JsonFormatter
+
+    record = logging.LogRecord("unthrottle.agent", logging.WARNING, __file__, 1,
+                               "cannot read %s", ("a/b",), None)  # fmt: skip
+    entry = json.loads(JsonFormatter().format(record))
+    assert entry["level"] == "warning" and entry["msg"] == "cannot read a/b"
+    assert entry["logger"] == "unthrottle.agent" and entry["ts"].endswith("Z")

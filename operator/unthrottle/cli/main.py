@@ -20,6 +20,7 @@ import typer
 from rich.console import Console
 
 from unthrottle import __version__
+from unthrottle.agent import logs as agent_logs
 from unthrottle.agent.burst import DEFAULT_NODE_THRESHOLD, BurstWriter, ProcStat
 from unthrottle.agent.discovery import Found, discover_kubepods, discover_standalone
 from unthrottle.agent.naming import CachedPods, KubePodSource, name_cgroups
@@ -280,8 +281,14 @@ def agent(
         float,
         typer.Option(min=0, max=1, help="Grant no burst while node CPU usage is above this."),
     ] = DEFAULT_NODE_THRESHOLD,
+    log_level: Annotated[
+        str, typer.Option(help="debug, info, warning or error (JSON lines on stderr).")
+    ] = "info",
 ) -> None:
     """The node agent: sample container cgroups every period and export to Prometheus."""
+    if log_level.lower() not in {"debug", "info", "warning", "error"}:
+        raise _fail(f"--log-level: {log_level!r} is not debug, info, warning or error", 2)
+    agent_logs.setup(log_level)
     host, _, port_text = listen.rpartition(":")
     if not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
         raise _fail(f"--listen: {listen!r} is not HOST:PORT", 2)
@@ -328,8 +335,10 @@ def agent(
         server = make_server(sampler, host.strip("[]"), int(port_text), extra=extra)
     except OSError as error:
         raise _fail(f"--listen {listen}: {error.strerror}", 1) from None
-    err.print(f"agent: sampling the {layout.version} cgroups {where} every {period}, "
-              f"serving http://{listen}/metrics", highlight=False)  # fmt: skip
+    logging.getLogger("unthrottle.agent").info(
+        "sampling the %s cgroups %s every %s, serving http://%s/metrics",
+        layout.version, where, period, listen,
+    )  # fmt: skip
     serve(sampler, server, stop)
 
 
