@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from unthrottle.model.burst import (
@@ -86,3 +88,33 @@ def test_a_bad_annotation_names_itself_and_the_part(
 ) -> None:
     with pytest.raises(BurstAnnotationError, match=message.replace("(", r"\(")):
         burst_specs(annotations)
+
+
+def test_a_kernel_without_burst_skips_writes_and_says_why_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from unthrottle.agent.burst import BurstWriter
+    from unthrottle.agent.discovery import discover_kubepods
+    from unthrottle.agent.naming import PodInfo, name_cgroups
+    from unthrottle.cgroups import Layout, Version
+
+    root = tmp_path
+    uid, cid = "6f1e7c2a-93b4-4c1d-8e2f-0a1b2c3d4e5f", "a" * 64
+    container = root / "kubepods" / "burstable" / f"pod{uid}" / cid
+    container.mkdir(parents=True)
+    for d in (container, container.parent):
+        (d / "cpu.max").write_text("30000 100000\n")  # a kernel before 5.14: no cpu.max.burst
+    layout = Layout(Version.V2, root, root)
+
+    class Calm:
+        def usage(self) -> float:
+            return 0.0
+
+    writer = BurstWriter(layout, Calm())
+    pods = [PodInfo("shop", "api-1", uid, {cid: "api"}, {BURST_ANNOTATION: "10ms"})]
+    for _ in range(3):
+        writer.apply(name_cgroups(discover_kubepods(layout), pods), pods)
+    assert not (container / "cpu.max.burst").exists()
+    assert writer.granted == {}
+    too_old = [r for r in caplog.records if "kernel too old for CPU burst" in r.getMessage()]
+    assert len(too_old) == 1
