@@ -25,10 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
-from unthrottle.agent.counters import CounterReader
-from unthrottle.agent.windows import WindowSampler
 from unthrottle.cfs import Bandwidth, simulate_series
 from unthrottle.cgroups import Cgroup, detect_layout
+from unthrottle.cgroups.counters import CounterReader
+from unthrottle.cgroups.schedule import ScheduledReader
 from unthrottle.lab.runner import LabOptions, run_sampled
 from unthrottle.model.scenario import load_scenario
 
@@ -61,23 +61,23 @@ def main() -> int:
     for name, index in CASES:
         scenario = load_scenario(ROOT / "scenarios" / name)
         spec = scenario.runs[index]
-        samplers: dict[str, WindowSampler] = {}
+        samplers: dict[str, ScheduledReader] = {}
         readers: list[CounterReader] = []
 
         def watch(
             cgroup: Cgroup,
             t0: int,
             period_ns: int,
-            samplers: dict[str, WindowSampler] = samplers,
+            samplers: dict[str, ScheduledReader] = samplers,
             readers: list[CounterReader] = readers,
         ) -> Callable[[], None]:
             for label, step, phase in SAMPLINGS:
                 reader = CounterReader(layout, cgroup.path)
                 readers.append(reader)
-                samplers[label] = WindowSampler(reader, t0, step * 1_000_000, phase * 1_000_000)
+                samplers[label] = ScheduledReader(reader, t0, step * 1_000_000, phase * 1_000_000)
                 samplers[label].start()
 
-            def stop(samplers: dict[str, WindowSampler] = samplers) -> None:
+            def stop(samplers: dict[str, ScheduledReader] = samplers) -> None:
                 for s in samplers.values():
                     s.stop()
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from unthrottle.cfs import Bandwidth
+from unthrottle.cgroups import Cgroup, Layout
+
 
 def worker_pids() -> set[int]:
     """PIDs of every lab worker process running now (found by command line)."""
@@ -18,3 +21,31 @@ def worker_pids() -> set[int]:
         if b"unthrottle/lab/worker.py" in cmdline:
             found.add(int(proc.name))
     return found
+
+
+class CgroupTree:
+    """Real cgroups made for a test, in order, and removed in reverse order."""
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+        self.made: list[Cgroup] = []
+
+    def make(self, path: str, quota_us: int | None = None) -> Cgroup:
+        """Create a cgroup (its parent must exist), with a quota if given."""
+        cg = Cgroup(self.layout, path)
+        cg.create()
+        self.made.append(cg)
+        if quota_us is not None:
+            cg.write_bandwidth(Bandwidth(quota_us))
+        return cg
+
+    def remove(self, cg: Cgroup) -> None:
+        """Remove one of them now (a container that went away)."""
+        cg.remove()
+        self.made.remove(cg)
+
+    def cleanup(self) -> None:
+        """Remove every cgroup still here, children first."""
+        for cg in reversed(self.made):
+            cg.remove()
+        self.made.clear()

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from unthrottle.agent.counters import CounterReader, Vanished
 from unthrottle.agent.discovery import Found
 from unthrottle.agent.exposition import render
 from unthrottle.agent.sampling import BUCKETS_CORES, Sampler, Series
 from unthrottle.cfs import Bandwidth
 from unthrottle.cgroups import Cgroup, CpuStat, Layout, Version
+from unthrottle.cgroups.counters import CounterReader, Vanished
 
 
 def v2_cgroup(root: Path, rel: str, stat: str) -> Layout:

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from unthrottle.cfs import Bandwidth
+from helpers import CgroupTree
 from unthrottle.cgroups import Cgroup, Layout
 
 pytestmark = pytest.mark.kernel
@@ -69,20 +69,20 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-class Workload:
+class Workload(CgroupTree):
     def __init__(self, layout: Layout) -> None:
+        super().__init__(layout)
         self.root = f"unthrottle-test-agent-{os.getpid()}"
         self.levels = [self.root, f"{self.root}/kubepods", f"{self.root}/kubepods/burstable",
                        f"{self.root}/kubepods/burstable/pod{UID}",
                        f"{self.root}/kubepods/burstable/pod{UID}/{CID}"]  # fmt: skip
-        self.cgroups = [Cgroup(layout, p) for p in self.levels]
-        self.container = self.cgroups[-1]
+        self.container = Cgroup(layout, self.levels[-1])
         self.child: subprocess.Popen[bytes] | None = None
 
     def start(self, seconds: float) -> None:
-        for cg in self.cgroups:
-            cg.create()
-        self.container.write_bandwidth(Bandwidth(30_000, 100_000))
+        for path in self.levels[:-1]:
+            self.make(path)
+        self.container = self.make(self.levels[-1], 30_000)
         code = (
             f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end: pass"
         )
@@ -97,8 +97,7 @@ class Workload:
         if self.child is not None and self.child.poll() is None:
             self.child.kill()
             self.child.wait()
-        for cg in reversed(self.cgroups):
-            cg.remove()
+        super().cleanup()
 
 
 @pytest.fixture

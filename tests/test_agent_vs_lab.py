@@ -15,12 +15,12 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from unthrottle.agent.counters import CounterReader
 from unthrottle.agent.discovery import Found
 from unthrottle.agent.sampling import BUCKETS_CORES, Series
-from unthrottle.agent.windows import WindowSampler
 from unthrottle.cfs import Bandwidth
 from unthrottle.cgroups import Cgroup, CpuStat, Layout
+from unthrottle.cgroups.counters import CounterReader
+from unthrottle.cgroups.schedule import ScheduledReader
 from unthrottle.lab import LabOptions, run_sampled
 from unthrottle.model.scenario import parse_scenario
 
@@ -65,11 +65,11 @@ def bucket_width(value: float) -> float:
 
 
 def test_the_agents_histogram_matches_the_kernel_aligned_truth(layout: Layout) -> None:
-    taken: dict[str, WindowSampler] = {}
+    taken: dict[str, ScheduledReader] = {}
 
     def watch(cgroup: Cgroup, t0: int, period_ns: int) -> Callable[[], None]:
         reader = CounterReader(layout, cgroup.path)
-        taken["agent"] = WindowSampler(reader, t0, period_ns, phase_ns=period_ns // 2)
+        taken["agent"] = ScheduledReader(reader, t0, period_ns, phase_ns=period_ns // 2)
         taken["agent"].start()
 
         def stop() -> None:
@@ -80,7 +80,8 @@ def test_the_agents_histogram_matches_the_kernel_aligned_truth(layout: Layout) -
 
     _, truth = run_sampled(SCENARIO.workload.to_workload(), SCENARIO.runs[0], layout,
                            LabOptions(), watch=watch)  # fmt: skip
-    readings = taken["agent"].readings
+    # The agent's own histogram, fed the cumulative usage + throttled time of each reading.
+    readings = [(at, s.usage_us + s.throttled_us) for at, s in taken["agent"].readings]
     series = Series(Found("x", "", "x", ""), None, Bandwidth(60_000), readings[0][1],  # type: ignore[arg-type]
                     readings[0][0], CpuStat(0, 0, 0, 0, 0, 0))  # fmt: skip
     for at, demand in readings[1:]:

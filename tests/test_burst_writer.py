@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 import pytest
 
+from helpers import CgroupTree
 from unthrottle.agent.burst import BurstWriter
 from unthrottle.agent.discovery import Found, discover_kubepods
 from unthrottle.agent.naming import PodInfo, name_cgroups
-from unthrottle.cfs import Bandwidth
 from unthrottle.cgroups import Cgroup, Layout
 
 pytestmark = pytest.mark.kernel
@@ -30,40 +30,23 @@ class NodeCpu:
         return self.share
 
 
-class Node:
+class Node(CgroupTree):
     def __init__(self, layout: Layout) -> None:
-        self.layout = layout
+        super().__init__(layout)
         self.root = f"unthrottle-test-burst-{os.getpid()}"
         self.pod = f"{self.root}/kubepods/burstable/pod{UID}"
-        self.made: list[Cgroup] = []
         for path in (self.root, f"{self.root}/kubepods", f"{self.root}/kubepods/burstable"):
             self.make(path)
         self.make(self.pod, 60_000)
 
-    def make(self, path: str, quota: int | None = None) -> Cgroup:
-        cg = Cgroup(self.layout, path)
-        cg.create()
-        self.made.append(cg)
-        if quota is not None:
-            cg.write_bandwidth(Bandwidth(quota))
-        return cg
-
     def container(self, cid: str, quota: int) -> Cgroup:
         return self.make(f"{self.pod}/{cid}", quota)
-
-    def remove(self, cg: Cgroup) -> None:
-        cg.remove()
-        self.made.remove(cg)
 
     def found(self, pods: list[PodInfo]) -> list[Found]:
         return name_cgroups(discover_kubepods(self.layout, self.root), pods)
 
     def burst(self, path: str) -> int:
         return Cgroup(self.layout, path).read_bandwidth().burst_us
-
-    def cleanup(self) -> None:
-        for cg in reversed(self.made):
-            cg.remove()
 
 
 @pytest.fixture

@@ -22,10 +22,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from unthrottle.agent.counters import CounterReader, Vanished
 from unthrottle.agent.discovery import Found
 from unthrottle.cfs.settings import Bandwidth
 from unthrottle.cgroups import CgroupError, CpuStat, Layout
+from unthrottle.cgroups.counters import CounterReader, Vanished
 
 log = logging.getLogger("unthrottle.agent")
 

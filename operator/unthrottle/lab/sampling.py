@@ -1,25 +1,26 @@
-"""Sample a cgroup once per CFS period during a lab run: usage and throttled time.
+"""Per-period samples of a lab run: usage and throttled time, aligned with the kernel.
 
 This is the period-level evidence the recommendation engine takes:
 demand = usage + throttled time, per period. Observed usage alone is censored
 by the quota (DESIGN.md §2).
 
-The lab knows the cgroup's period grid (it calibrated it), so samples are
-taken 1 ms after each boundary. The kernel adds a period's throttled time when
-it unthrottles, at the refill, and 1 ms leaves time for that. (The node agent
-cannot see the grid; how much unaligned windows cost is measured there.)
+The lab knows the cgroup's period grid (it calibrated it), so readings are
+taken 1 ms after each boundary: the kernel adds a period's throttled time
+when it unthrottles, at the refill, and 1 ms leaves time for that. (The node
+agent cannot see the grid; how much that costs it is measured in
+bench/window_alignment.py.)
 """
 
 from __future__ import annotations
 
-import threading
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
 from unthrottle.cgroups import Cgroup
+from unthrottle.cgroups.counters import CounterReader
+from unthrottle.cgroups.schedule import ScheduledReader
 
 AFTER_BOUNDARY_NS = 1_000_000
 
@@ -38,47 +39,30 @@ class PeriodSamples:
         return self.usage_us + self.throttled_us
 
 
-@dataclass
 class PeriodSampler:
-    """A thread that reads a cgroup's counters each period, from ``start_ns`` on."""
+    """Reads a lab cgroup once per period from ``start_ns`` on, 1 ms after each boundary."""
 
-    cgroup: Cgroup
-    start_ns: int
-    period_ns: int
-    usage_us: list[int] = field(default_factory=list)
-    throttled_us: list[int] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
+    def __init__(self, cgroup: Cgroup, start_ns: int, period_ns: int) -> None:
+        self.reader = CounterReader(cgroup.layout, cgroup.path)
+        self.period_ns = period_ns
+        self.schedule = ScheduledReader(
+            self.reader, start_ns + period_ns, period_ns, AFTER_BOUNDARY_NS, baseline=True
+        )
 
     def start(self) -> None:
         """Start sampling in the background."""
-        self._thread = threading.Thread(target=self._run, name="period-sampler", daemon=True)
-        self._thread.start()
+        self.schedule.start()
 
     def stop(self) -> None:
-        """Take one last sample and stop."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-
-    def _run(self) -> None:
-        previous = self.cgroup.read_stat()
-        at = self.start_ns + AFTER_BOUNDARY_NS
-        while True:
-            at += self.period_ns
-            left = at - time.monotonic_ns()
-            if self._stop.wait(max(0.0, left / 1e9)):
-                break
-            now = self.cgroup.read_stat()
-            delta = now - previous
-            previous = now
-            self.usage_us.append(delta.usage_us)
-            self.throttled_us.append(delta.throttled_us)
+        """Stop sampling and close the cgroup's files."""
+        self.schedule.stop()
+        self.reader.close()
 
     def samples(self) -> PeriodSamples:
         """What was sampled, as arrays."""
+        deltas = self.schedule.deltas()
         return PeriodSamples(
-            np.asarray(self.usage_us, dtype=np.int64),
-            np.asarray(self.throttled_us, dtype=np.int64),
+            np.asarray([d.usage_us for d in deltas], dtype=np.int64),
+            np.asarray([d.throttled_us for d in deltas], dtype=np.int64),
             self.period_ns // 1000,
         )

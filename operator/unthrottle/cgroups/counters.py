@@ -13,7 +13,8 @@ import os
 from pathlib import Path
 
 from unthrottle.cfs.settings import Bandwidth
-from unthrottle.cgroups import Cgroup, CpuStat, Layout, Version
+from unthrottle.cgroups.files import Cgroup, CpuStat
+from unthrottle.cgroups.layout import Layout, Version
 
 _GONE = {errno.ENOENT, errno.ENODEV, errno.ESRCH, errno.EBADF}
 
