@@ -23,6 +23,12 @@ def worker_pids() -> set[int]:
     return found
 
 
+def kubepods_levels(root: str, uid: str) -> list[str]:
+    """The cgroups from ``root`` down to a burstable pod, nested as by the cgroupfs driver."""
+    return [root, f"{root}/kubepods", f"{root}/kubepods/burstable",
+            f"{root}/kubepods/burstable/pod{uid}"]  # fmt: skip
+
+
 class CgroupTree:
     """Real cgroups made for a test, in order, and removed in reverse order."""
 

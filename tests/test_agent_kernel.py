@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from helpers import CgroupTree
+from helpers import CgroupTree, kubepods_levels
 from unthrottle.cgroups import Cgroup, Layout
 
 pytestmark = pytest.mark.kernel
@@ -73,9 +73,10 @@ class Workload(CgroupTree):
     def __init__(self, layout: Layout) -> None:
         super().__init__(layout)
         self.root = f"unthrottle-test-agent-{os.getpid()}"
-        self.levels = [self.root, f"{self.root}/kubepods", f"{self.root}/kubepods/burstable",
-                       f"{self.root}/kubepods/burstable/pod{UID}",
-                       f"{self.root}/kubepods/burstable/pod{UID}/{CID}"]  # fmt: skip
+        self.levels = [
+            *kubepods_levels(self.root, UID),
+            f"{self.root}/kubepods/burstable/pod{UID}/{CID}",
+        ]
         self.container = Cgroup(layout, self.levels[-1])
         self.child: subprocess.Popen[bytes] | None = None
 

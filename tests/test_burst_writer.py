@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from helpers import CgroupTree
+from helpers import CgroupTree, kubepods_levels
 from unthrottle.agent.burst import BurstWriter
 from unthrottle.agent.discovery import Found, discover_kubepods
 from unthrottle.agent.naming import PodInfo, name_cgroups
@@ -34,8 +34,8 @@ class Node(CgroupTree):
     def __init__(self, layout: Layout) -> None:
         super().__init__(layout)
         self.root = f"unthrottle-test-burst-{os.getpid()}"
-        self.pod = f"{self.root}/kubepods/burstable/pod{UID}"
-        for path in (self.root, f"{self.root}/kubepods", f"{self.root}/kubepods/burstable"):
+        *parents, self.pod = kubepods_levels(self.root, UID)
+        for path in parents:
             self.make(path)
         self.make(self.pod, 60_000)
 

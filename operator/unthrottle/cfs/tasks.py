@@ -124,12 +124,6 @@ class _Clock:
     next_boundary: float
     next_tick: float
 
-    def first_tick_at_or_after(self, t: float) -> float:
-        if t <= self.next_tick + _EPS:
-            return self.next_tick
-        steps = math.ceil((t - self.next_tick - _EPS) / self.tick)
-        return self.next_tick + steps * self.tick
-
 
 @dataclass(slots=True)
 class _Stats:

@@ -156,24 +156,32 @@ class Cgroup:
         if self.layout.version is Version.V2:
             quota_text, period_text = _read(self.cpu_dir / "cpu.max").split()
             quota = None if quota_text == "max" else int(quota_text)
-            burst = self._read_burst("cpu.max.burst")
+            burst = self._read_burst()
             return Bandwidth(quota, int(period_text), burst if quota is not None else 0)
         quota_v1 = int(_read(self.cpu_dir / "cpu.cfs_quota_us"))
         period = int(_read(self.cpu_dir / "cpu.cfs_period_us"))
-        burst = self._read_burst("cpu.cfs_burst_us")
+        burst = self._read_burst()
         quota = None if quota_v1 < 0 else quota_v1
         return Bandwidth(quota, period, burst if quota is not None else 0)
 
-    def _read_burst(self, name: str) -> int:
-        path = self.cpu_dir / name
-        if not path.exists():
+    @property
+    def burst_file(self) -> Path:
+        """``cpu.max.burst`` (v2) or ``cpu.cfs_burst_us`` (v1)."""
+        name = "cpu.max.burst" if self.layout.version is Version.V2 else "cpu.cfs_burst_us"
+        return self.cpu_dir / name
+
+    def _read_burst(self) -> int:
+        if not self.burst_file.exists():
             return 0  # kernel < 5.14: no burst, which reads as none
-        return int(_read(path))
+        return int(_read(self.burst_file))
 
     def supports_burst(self) -> bool:
         """True when the kernel has CPU burst (Linux ≥ 5.14)."""
-        name = "cpu.max.burst" if self.layout.version is Version.V2 else "cpu.cfs_burst_us"
-        return (self.cpu_dir / name).exists()
+        return self.burst_file.exists()
+
+    def _require_burst(self) -> None:
+        if not self.supports_burst():
+            raise CgroupError(self.burst_file, "kernel too old for CPU burst (needs 5.14+)")
 
     def write_bandwidth(self, bandwidth: Bandwidth) -> None:
         """Set quota, period and burst, in an order the kernel accepts from any prior state.
@@ -182,12 +190,10 @@ class Cgroup:
         force), then quota and period, then the new burst. A burst on a kernel
         without burst support raises a CgroupError naming the file.
         """
-        if bandwidth.burst_us and not self.supports_burst():
-            name = "cpu.max.burst" if self.layout.version is Version.V2 else "cpu.cfs_burst_us"
-            raise CgroupError(self.cpu_dir / name, "kernel too old for CPU burst (needs 5.14+)")
-        burst_file = "cpu.max.burst" if self.layout.version is Version.V2 else "cpu.cfs_burst_us"
+        if bandwidth.burst_us:
+            self._require_burst()
         if self.supports_burst():
-            _write(self.cpu_dir / burst_file, "0")
+            _write(self.burst_file, "0")
         if self.layout.version is Version.V2:
             quota = "max" if bandwidth.quota_us is None else str(bandwidth.quota_us)
             _write(self.cpu_dir / "cpu.max", f"{quota} {bandwidth.period_us}")
@@ -198,17 +204,15 @@ class Cgroup:
             if bandwidth.quota_us is not None:
                 _write(self.cpu_dir / "cpu.cfs_quota_us", str(bandwidth.quota_us))
         if bandwidth.burst_us:
-            _write(self.cpu_dir / burst_file, str(bandwidth.burst_us))
+            _write(self.burst_file, str(bandwidth.burst_us))
 
     def write_burst(self, burst_us: int) -> None:
         """Set only the burst, leaving quota and period to their owner (the kubelet).
 
         The caller clamps to the quota; the kernel refuses more (EINVAL, named in the error).
         """
-        name = "cpu.max.burst" if self.layout.version is Version.V2 else "cpu.cfs_burst_us"
-        if not self.supports_burst():
-            raise CgroupError(self.cpu_dir / name, "kernel too old for CPU burst (needs 5.14+)")
-        _write(self.cpu_dir / name, str(burst_us))
+        self._require_burst()
+        _write(self.burst_file, str(burst_us))
 
     # --- counters --------------------------------------------------------------------------
 
