@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,18 +22,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from helpers import CgroupTree, kubepods_levels
+from prom import PrometheusServer, free_port, requires_prometheus
 from unthrottle.cgroups import Cgroup, Layout
 
 pytestmark = pytest.mark.kernel
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
 UID = "6f1e7c2a-93b4-4c1d-8e2f-0a1b2c3d4e5f"
 CID = "3f2a9c8d7e6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c2b1a0f"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def get(url: str, timeout: float = 5) -> tuple[int, str]:
@@ -166,23 +159,14 @@ def test_healthz_answers_while_sampling(agent: str) -> None:
     assert get(f"http://{agent}/nope")[0] == 404
 
 
-@pytest.mark.skipif(shutil.which("prometheus") is None, reason="prometheus is not installed")
+@requires_prometheus
 def test_a_real_prometheus_scrapes_the_agent_and_promql_sees_the_demand(
     workload: Workload, agent: str, tmp_path: Path
 ) -> None:
-    port = free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+    scrape = (
         f"scrape_configs:\n  - job_name: agent\n    static_configs: [{{targets: ['{agent}']}}]\n"
     )
-    prom = subprocess.Popen(
-        ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        wait_for(f"http://127.0.0.1:{port}/-/ready", seconds=30)
+    with PrometheusServer(tmp_path, scrape=scrape) as prom:
         workload.start(seconds=8)
         workload.finish()
         time.sleep(2)  # the last scrape after the workload ended
@@ -190,16 +174,14 @@ def test_a_real_prometheus_scrapes_the_agent_and_promql_sees_the_demand(
             "histogram_quantile(0.5, sum by (le) (increase("
             f'unthrottle_cpu_demand_cores_bucket{{pod=~".*{CID}"}}[8s])))'
         )
-        url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+        url = f"{prom.url}/api/v1/query?" + urllib.parse.urlencode({"query": query})
         status, body = get(url)
-        assert status == 200, body
-        result = json.loads(body)["data"]["result"]
-        assert result, body
-        median = float(result[0]["value"][1])
-        # The workload's per-window demand is ~1 core; buckets around it are 0.9, 1.0, 1.25.
-        assert 0.75 <= median <= 1.25, median
-    finally:
-        stop(prom)
+    assert status == 200, body
+    result = json.loads(body)["data"]["result"]
+    assert result, body
+    median = float(result[0]["value"][1])
+    # The workload's per-window demand is ~1 core; buckets around it are 0.9, 1.0, 1.25.
+    assert 0.75 <= median <= 1.25, median
 
 
 def test_the_agent_names_pods_and_containers_through_the_kubernetes_api(

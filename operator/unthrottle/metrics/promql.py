@@ -1,0 +1,66 @@
+"""PromQL built from parts, with every label value escaped: a namespace or pod name
+can never change what a query means.
+
+PromQL string literals follow Go's rules: in a double-quoted string a backslash
+escapes, so ``\\``, ``"`` and newlines are escaped. A regex matcher (``=~``)
+takes an RE2 regular expression, fully anchored, so a value used there is
+first escaped as a regex, then as a string.
+
+Queries are batched: one query per metric for a whole set of namespaces,
+grouped by namespace, pod and container. Never one query per workload.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+_RE2_SPECIAL = set("\\.+*?()|[]{}^$")
+
+
+def string(value: str) -> str:
+    """A PromQL string literal holding exactly ``value``."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{escaped}"'
+
+
+def regex_literal(value: str) -> str:
+    """``value`` as an RE2 pattern matching exactly itself."""
+    return "".join(f"\\{c}" if c in _RE2_SPECIAL else c for c in value)
+
+
+def equals(label: str, value: str) -> str:
+    """``label="value"``."""
+    return f"{label}={string(value)}"
+
+
+def any_of(label: str, values: Iterable[str]) -> str:
+    """``label=~"a|b|c"``, each value matched literally."""
+    items = sorted(set(values))
+    if not items:
+        raise ValueError(f"{label}: at least one value is needed")
+    return f"{label}=~{string('|'.join(regex_literal(v) for v in items))}"
+
+
+def selector(metric: str, *matchers: str) -> str:
+    """``metric{m1,m2,…}``."""
+    return f"{metric}{{{','.join(matchers)}}}"
+
+
+BY_CONTAINER = "namespace, pod, container"
+CONTAINERS = ('container!=""', 'container!="POD"')
+"""cAdvisor's pod-level series have ``container=""`` (or ``POD``, the pause container)."""
+
+
+def cadvisor_queries(namespaces: Iterable[str], window: str) -> dict[str, str]:
+    """One query per cAdvisor metric for every container of these namespaces, over ``window``."""
+    ns = any_of("namespace", namespaces)
+
+    def increase(metric: str) -> str:
+        return f"sum by ({BY_CONTAINER}) (increase({selector(metric, ns, *CONTAINERS)}[{window}]))"
+
+    return {
+        "usage_seconds": increase("container_cpu_usage_seconds_total"),
+        "periods": increase("container_cpu_cfs_periods_total"),
+        "throttled_periods": increase("container_cpu_cfs_throttled_periods_total"),
+        "throttled_seconds": increase("container_cpu_cfs_throttled_seconds_total"),
+    }

@@ -1,0 +1,131 @@
+"""Prometheus (or any PromQL-compatible backend: Thanos, Mimir, Cortex, VictoriaMetrics).
+
+:class:`PrometheusSource` wraps ``prometheus-api-client`` behind the narrow
+:class:`MetricsSource` interface. Tests pass a real server; nothing is patched.
+Configuration is passed in (:class:`PrometheusConfig`), never read from globals.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import requests
+from prometheus_api_client import PrometheusConnect
+from prometheus_api_client.exceptions import PrometheusApiClientException
+from urllib3.util.retry import Retry
+
+
+class MetricsError(RuntimeError):
+    """Prometheus could not answer; the message says what to check."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One series of an instant vector."""
+
+    labels: dict[str, str]
+    value: float
+
+
+class MetricsSource(Protocol):
+    """What the recommendation side needs of a metrics backend."""
+
+    def instant(self, promql: str, at: float | None = None) -> list[Sample]:
+        """Evaluate an instant query (at a Unix time, default now)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class PrometheusConfig:
+    """How to reach Prometheus. Every field has a safe default but the URL."""
+
+    url: str
+    bearer_token: str | None = None
+    bearer_token_file: Path | None = None
+    """Read before each query when it changed (projected service-account tokens rotate)."""
+    basic_auth: tuple[str, str] | None = None
+    ca_bundle: Path | None = None
+    insecure: bool = False
+    """Skip TLS verification (never in production)."""
+    headers: dict[str, str] = field(default_factory=dict)
+    """Extra headers, e.g. ``X-Scope-OrgID`` for a Mimir / Cortex / Thanos tenant."""
+    timeout_s: float = 30.0
+    retries: int = 3
+    """Retries on connection errors and 429/5xx, with exponential backoff."""
+    backoff_s: float = 0.5
+
+
+class PrometheusSource:
+    """A :class:`MetricsSource` over HTTP; counts the queries it sends."""
+
+    def __init__(self, config: PrometheusConfig) -> None:
+        self.config = config
+        session = requests.Session()
+        session.verify = str(config.ca_bundle) if config.ca_bundle else not config.insecure
+        retry = Retry(
+            total=config.retries,
+            backoff_factor=config.backoff_s,
+            status_forcelist=(429, 500, 502, 503, 504),
+            allowed_methods=("GET", "POST"),
+            raise_on_status=False,
+        )
+        self.client = PrometheusConnect(
+            url=config.url,
+            headers=dict(config.headers),
+            disable_ssl=config.insecure,
+            retry=retry,
+            auth=config.basic_auth,
+            session=session,
+            timeout=config.timeout_s,
+        )
+        self.queries = 0
+        self._token: str | None = config.bearer_token
+        self._token_stamp: tuple[float, int] | None = None
+
+    def _authorization(self) -> dict[str, str]:
+        path = self.config.bearer_token_file
+        if path is not None:
+            try:
+                stat = os.stat(path)
+                stamp = (stat.st_mtime, stat.st_size)
+                if stamp != self._token_stamp:
+                    self._token = path.read_text().strip()
+                    self._token_stamp = stamp
+            except OSError as err:
+                raise MetricsError(f"bearer token file {path}: {err.strerror}") from None
+        return {"Authorization": f"Bearer {self._token}"} if self._token else {}
+
+    def instant(self, promql: str, at: float | None = None) -> list[Sample]:
+        """Evaluate an instant query."""
+        self.client.headers = {**self.config.headers, **self._authorization()}
+        params: dict[str, Any] = {} if at is None else {"time": at}
+        self.queries += 1
+        try:
+            result = self.client.custom_query(promql, params=params)
+        except requests.exceptions.SSLError as err:
+            raise MetricsError(
+                f"TLS to {self.config.url} failed ({err}); check --ca-bundle"
+            ) from None
+        except requests.exceptions.ConnectionError:
+            raise MetricsError(
+                f"Prometheus is unreachable at {self.config.url} (connection refused or no route)"
+            ) from None
+        except requests.exceptions.Timeout:
+            raise MetricsError(
+                f"Prometheus at {self.config.url} did not answer within {self.config.timeout_s:g} s"
+            ) from None
+        except PrometheusApiClientException as err:
+            text = str(err)
+            if "401" in text or "403" in text:
+                raise MetricsError(
+                    f"Prometheus at {self.config.url} refused the credentials ({text[:120]})"
+                ) from None
+            raise MetricsError(f"query failed: {text[:300]}") from None
+        return [
+            Sample(dict(item.get("metric", {})), float(item["value"][1]))
+            for item in result
+            if "value" in item
+        ]

@@ -1,0 +1,81 @@
+"""A real Prometheus server for tests: scraping, or serving backfilled history.
+
+Debian's ``prometheus`` and ``promtool`` (installed by ``make test``). The
+server listens on 127.0.0.1, keeps its data in the test's temporary folder,
+and is ended by PID.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+
+import pytest
+
+requires_prometheus = pytest.mark.skipif(
+    shutil.which("prometheus") is None or shutil.which("promtool") is None,
+    reason="prometheus is not installed (make test installs it as root)",
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class PrometheusServer:
+    """Start with an optional scrape config and/or OpenMetrics history to backfill."""
+
+    def __init__(self, folder: Path, *, scrape: str = "", openmetrics: str = "") -> None:
+        self.folder = folder
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.tsdb = folder / "tsdb"
+        self.config = folder / "prometheus.yml"
+        self.config.write_text(
+            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n" + (scrape or "")
+        )
+        if openmetrics:
+            data = folder / "history.om"
+            data.write_text(
+                openmetrics if openmetrics.endswith("# EOF\n") else openmetrics + "# EOF\n"
+            )
+            backfill = ["promtool", "tsdb", "create-blocks-from", "openmetrics"]
+            subprocess.run([*backfill, str(data), str(self.tsdb)], check=True, capture_output=True)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> PrometheusServer:
+        self.proc = subprocess.Popen(
+            ["prometheus", f"--config.file={self.config}", f"--storage.tsdb.path={self.tsdb}",
+             f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=30d"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as reply:
+                    if reply.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.1)
+        self.__exit__(None, None, None)
+        raise RuntimeError("prometheus did not become ready")
+
+    def __exit__(
+        self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()

@@ -1,0 +1,140 @@
+"""PromQL built safely, and a Prometheus client that says what went wrong."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from prom import PrometheusServer, free_port, requires_prometheus
+from unthrottle.metrics.promql import any_of, cadvisor_queries, equals, regex_literal, string
+from unthrottle.metrics.source import MetricsError, PrometheusConfig, PrometheusSource
+
+HOSTILE = [
+    'shop"} or vector(1) #',
+    "a|b",
+    "back\\slash",
+    ".*",
+    "new\nline",
+]
+
+
+class TestEscaping:
+    def test_a_string_literal_escapes_quotes_backslashes_and_newlines(self) -> None:
+        assert string('a"b\\c\nd') == '"a\\"b\\\\c\\nd"'
+
+    def test_a_regex_literal_matches_only_itself(self) -> None:
+        import re
+
+        for value in [*HOSTILE, "plain-name_1"]:
+            assert re.fullmatch(regex_literal(value), value)
+            assert not re.fullmatch(regex_literal(value), value + "x")
+        assert regex_literal(".*") == "\\.\\*"
+
+    def test_no_namespaces_is_refused(self) -> None:
+        with pytest.raises(ValueError, match="namespace: at least one"):
+            any_of("namespace", [])
+
+    def test_queries_are_batched_one_per_metric(self) -> None:
+        queries = cadvisor_queries(["a", "b", "c"], "7d")
+        assert len(queries) == 4
+        assert all('namespace=~"a|b|c"' in q and 'container!="POD"' in q for q in queries.values())
+
+
+def history(now: int) -> str:
+    """An hour of cAdvisor periods for a sane namespace and for each hostile one."""
+    lines = []
+    names = ["shop", *HOSTILE]
+    for index, ns in enumerate(names):
+        labels = f'namespace={string(ns)},pod="p{index}",container="c"'
+        for step in range(0, 3600, 15):
+            lines.append(f"container_cpu_cfs_periods_total{{{labels}}} {step // 15 * 150} "
+                         f"{now - 3600 + step}")  # fmt: skip
+        lines.append(f'container_cpu_cfs_periods_total{{namespace={string(ns)},pod="p{index}",'
+                     f'container="POD"}} 1 {now - 60}')  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+@requires_prometheus
+def test_hostile_names_select_only_their_own_series_on_a_real_prometheus(tmp_path: Path) -> None:
+    now = int(time.time())
+    with PrometheusServer(tmp_path, openmetrics=history(now)) as prom:
+        source = PrometheusSource(PrometheusConfig(prom.url))
+        for ns in HOSTILE:
+            query = cadvisor_queries([ns], "1h")["periods"]
+            samples = source.instant(query, at=now)
+            assert [s.labels["namespace"] for s in samples] == [ns], (ns, query, samples)
+            assert samples[0].labels["container"] == "c"  # the POD series is dropped
+        both = source.instant(cadvisor_queries(["shop", "a|b"], "1h")["periods"], at=now)
+        assert sorted(s.labels["namespace"] for s in both) == ["a|b", "shop"]
+        assert source.queries == len(HOSTILE) + 1
+        # ".*" as a value is a name, not a pattern: the namespace literally called ".*" has
+        # two series (its container and POD), where the pattern would match all 12
+        literal = source.instant(f"count({{{equals('namespace', '.*')}}})", at=now)
+        assert [s.value for s in literal] == [2.0]
+
+
+def test_an_unreachable_prometheus_is_named_in_the_error() -> None:
+    port = free_port()
+    source = PrometheusSource(PrometheusConfig(f"http://127.0.0.1:{port}", retries=0))
+    with pytest.raises(MetricsError, match=f"unreachable at http://127.0.0.1:{port}"):
+        source.instant("up")
+
+
+class _Recorder(BaseHTTPRequestHandler):
+    seen: ClassVar[list[dict[str, str]]] = []
+    status: ClassVar[int] = 200
+
+    def do_GET(self) -> None:
+        type(self).seen.append(dict(self.headers))
+        body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
+            {"metric": {"job": "x"}, "value": [1, "1"]}]}}).encode()  # fmt: skip
+        self.send_response(type(self).status)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body if type(self).status == 200 else b"denied")
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def recorder() -> tuple[str, type[_Recorder]]:
+    handler = type("Recorder", (_Recorder,), {"seen": [], "status": 200})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", handler
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_rotated_token_file_is_read_again_and_headers_reach_the_server(
+    recorder: tuple[str, type[_Recorder]], tmp_path: Path
+) -> None:
+    url, handler = recorder
+    token = tmp_path / "token"
+    token.write_text("first\n")
+    source = PrometheusSource(PrometheusConfig(url, bearer_token_file=token,
+                                               headers={"X-Scope-OrgID": "team-a"}))  # fmt: skip
+    assert source.instant("up")[0].labels == {"job": "x"}
+    token.write_text("second-and-longer\n")
+    source.instant("up")
+    assert [h["Authorization"] for h in handler.seen] == [
+        "Bearer first",
+        "Bearer second-and-longer",
+    ]
+    assert all(h["X-Scope-OrgID"] == "team-a" for h in handler.seen)
+
+
+def test_refused_credentials_say_so(recorder: tuple[str, type[_Recorder]]) -> None:
+    url, handler = recorder
+    handler.status = 401
+    source = PrometheusSource(PrometheusConfig(url, bearer_token="wrong", retries=0))
+    with pytest.raises(MetricsError, match="refused the credentials"):
+        source.instant("up")
