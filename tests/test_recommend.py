@@ -166,6 +166,13 @@ class TestProcessors:
         assert rec.gomaxprocs is None
 
 
+def test_a_strategy_given_as_text_is_the_strategy() -> None:
+    demand = evidence(bursty())
+    as_text = recommend(demand, Current(250), Policy(strategy="LimitOnly"))  # type: ignore[arg-type]
+    as_enum = recommend(demand, Current(250), Policy(strategy=Strategy.LIMIT_ONLY))
+    assert as_text == as_enum and as_text.burst_us == 0
+
+
 class TestPolicyErrors:
     @pytest.mark.parametrize(
         ("kwargs", "field"),
@@ -179,6 +186,7 @@ class TestPolicyErrors:
             ({"max_step_down": 1.5}, "limits.maxStepDown"),
             ({"min_millicores": 0}, "limits.min"),
             ({"headroom": -1}, "headroom"),
+            ({"strategy": "Cheapest"}, "strategy"),
         ],
         ids=[
             "min-over-max",
@@ -190,6 +198,7 @@ class TestPolicyErrors:
             "step-down-over-1",
             "min-0",
             "negative-headroom",
+            "unknown-strategy",
         ],
     )
     def test_a_bad_policy_is_refused_naming_the_field(

@@ -64,6 +64,11 @@ class Policy:
     """Also recommend GOMAXPROCS (Go) or -XX:ActiveProcessorCount (JVM) to match the limit."""
 
     def __post_init__(self) -> None:
+        try:  # a policy read from YAML or a CRD arrives as strings
+            object.__setattr__(self, "strategy", Strategy(self.strategy))
+        except ValueError:
+            choices = ", ".join(s.value for s in Strategy)
+            raise PolicyError("strategy", f"{self.strategy!r} is not one of {choices}") from None
         if not (0 < self.target_ratio < 1) or math.isnan(self.target_ratio):
             raise PolicyError("targetThrottleRatio", f"{self.target_ratio} is not in (0, 1)")
         if not 0 <= self.headroom <= 10:

@@ -1,0 +1,117 @@
+"""Evidence per Deployment container from a real Prometheus holding an hour of history."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from prom import PrometheusServer, requires_prometheus
+from unthrottle.metrics.evidence import WorkloadKey, fetch
+from unthrottle.metrics.source import PrometheusConfig, PrometheusSource
+from unthrottle.recommend import Current, Policy, Strategy, recommend
+
+pytestmark = requires_prometheus
+HOUR = 3600
+STEP = 15
+
+
+def series(lines: list[str], name: str, labels: str, rate: float, now: int,
+           start: int = 0, stop: int = HOUR) -> None:  # fmt: skip
+    """A counter growing at ``rate`` per second between ``start`` and ``stop`` (seconds ago)."""
+    for ago in range(HOUR, -1, -STEP):
+        if HOUR - start >= ago >= HOUR - stop:
+            lines.append(f"{name}{{{labels}}} {rate * (HOUR - ago - start)} {now - ago}")
+
+
+def gauge(lines: list[str], name: str, labels: str, value: float, now: int) -> None:
+    for ago in range(HOUR, -1, -STEP):
+        lines.append(f"{name}{{{labels}}} {value} {now - ago}")
+
+
+def history(now: int) -> str:
+    lines: list[str] = []
+    gauge(lines, "kube_replicaset_owner", 'namespace="shop",replicaset="api-7d9f",'
+          'owner_kind="Deployment",owner_name="api"', 1, now)  # fmt: skip
+    gauge(lines, "kube_replicaset_owner", 'namespace="shop",replicaset="batch-1",'
+          'owner_kind="Deployment",owner_name="batch"', 1, now)  # fmt: skip
+    gauge(lines, "kube_replicaset_owner", 'namespace="shop",replicaset="idle-1",'
+          'owner_kind="Deployment",owner_name="idle"', 1, now)  # fmt: skip
+    pods = {"api-7d9f-a": "api-7d9f", "api-7d9f-b": "api-7d9f", "api-7d9f-c": "api-7d9f",
+            "batch-1-x": "batch-1", "idle-1-y": "idle-1"}  # fmt: skip
+    for pod, rs in pods.items():
+        gauge(lines, "kube_pod_owner", f'namespace="shop",pod="{pod}",owner_kind="ReplicaSet",'
+              f'owner_name="{rs}"', 1, now)  # fmt: skip
+    resources = [
+        ("api-7d9f-a", "api", 0.5, 0.25),
+        ("api-7d9f-b", "api", 0.5, 0.25),
+        ("batch-1-x", "main", 2, 1),
+        ("idle-1-y", "web", 1, 0.1),
+    ]
+    for pod, container, limit, request in resources:
+        for metric, value in (("limits", limit), ("requests", request)):
+            gauge(lines, f"kube_pod_container_resource_{metric}",
+                  f'namespace="shop",pod="{pod}",container="{container}",resource="cpu"',
+                  value, now)  # fmt: skip
+    # api: three pods, "c" only in the first half hour (churn); 10 periods/s, half throttled
+    for pod, stop in (("api-7d9f-a", HOUR), ("api-7d9f-b", HOUR), ("api-7d9f-c", HOUR // 2)):
+        labels = f'namespace="shop",pod="{pod}",container="api"'
+        series(lines, "container_cpu_usage_seconds_total", labels, 0.45, now, stop=stop)
+        series(lines, "container_cpu_cfs_periods_total", labels, 10, now, stop=stop)
+        series(lines, "container_cpu_cfs_throttled_periods_total", labels, 5, now, stop=stop)
+        series(lines, "container_cpu_cfs_throttled_seconds_total", labels, 0.3, now, stop=stop)
+        # the agent: per 10 windows/s, 7 under 0.25 core, 2 under 0.5, 1 around 1.1 cores
+        cumulative = {"0.25": 7, "0.5": 9, "1.0": 9, "1.25": 10, "+Inf": 10}
+        for le, per_s in cumulative.items():
+            series(lines, "unthrottle_cpu_demand_cores_bucket", f'{labels},le="{le}"', per_s, now,
+                   stop=stop)  # fmt: skip
+    # batch: cAdvisor only, steady 1.8 cores, hardly throttled
+    labels = 'namespace="shop",pod="batch-1-x",container="main"'
+    series(lines, "container_cpu_usage_seconds_total", labels, 1.8, now)
+    series(lines, "container_cpu_cfs_periods_total", labels, 10, now)
+    series(lines, "container_cpu_cfs_throttled_periods_total", labels, 0.1, now)
+    # a bare pod (no owner) and the pause container are not Deployment containers
+    series(lines, "container_cpu_cfs_periods_total", 'namespace="shop",pod="bare",container="x"',
+           10, now)  # fmt: skip
+    series(lines, "container_cpu_cfs_periods_total",
+           'namespace="shop",pod="api-7d9f-a",container="POD"', 10, now)  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def test_deployments_get_their_evidence_in_nine_queries(tmp_path: Path) -> None:
+    now = int(time.time())
+    with PrometheusServer(tmp_path, openmetrics=history(now)) as prom:
+        source = PrometheusSource(PrometheusConfig(prom.url))
+        found = fetch(source, ["shop"], "1h", at=now)
+    assert source.queries == 9
+    assert set(found) == {WorkloadKey("shop", "api", "api"), WorkloadKey("shop", "batch", "main"),
+                          WorkloadKey("shop", "idle", "web")}  # fmt: skip
+    api = found[WorkloadKey("shop", "api", "api")]
+    assert api.pods == {"api-7d9f-a", "api-7d9f-b", "api-7d9f-c"}
+    assert api.kind == "period"
+    assert api.throttle_ratio() == pytest.approx(0.5, abs=0.02)
+    # usage per active period, whatever the churn: 0.45 core-seconds per second of periods
+    assert api.counters(3600).usage_cores == pytest.approx(0.45, rel=0.05)
+    assert (api.limit_millicores, api.request_millicores) == (500, 250)
+    batch, idle = (
+        found[WorkloadKey("shop", "batch", "main")],
+        found[WorkloadKey("shop", "idle", "web")],
+    )
+    assert batch.kind == "counters" and batch.counters(3600).usage_cores == pytest.approx(
+        1.8, rel=0.05
+    )
+    assert idle.kind == "none" and idle.limit_millicores == 1000
+
+    # The agent's histogram says one window in ten wants ~1.1 cores: 0.5 CPU will not do.
+    # A limit alone must cover those windows; Auto lets a burst absorb them instead.
+    evidence = api.period_evidence()
+    today = Current(500, 250)
+    alone = recommend(evidence, today, Policy(strategy=Strategy.LIMIT_ONLY, max_step_up=4))
+    auto = recommend(evidence, today, Policy(max_step_up=4))
+    assert alone.limit_millicores is not None and alone.limit_millicores > 1000
+    assert auto.limit_millicores is not None and 500 < auto.limit_millicores < 1000
+    assert auto.burst_us > 0
+    for rec in (alone, auto):
+        assert rec.expected_throttle_ratio is not None and rec.expected_throttle_ratio <= 0.05
+        assert rec.current_throttle_ratio == pytest.approx(0.5, abs=0.02)

@@ -1,0 +1,60 @@
+"""Evidence rebuilt from the agent's histogram keeps its distribution and sizes like the truth."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from unthrottle.agent.sampling import BUCKETS_CORES
+from unthrottle.recommend import Current, PeriodEvidence, Policy, Strategy, recommend
+from unthrottle.recommend.histogram import evidence_from_histogram
+
+INF = math.inf
+
+
+def histogram_of(demand_cores: np.ndarray) -> tuple[list[float], list[float]]:
+    """What Prometheus holds for these windows: cumulative counts per agent bucket."""
+    bounds = [*BUCKETS_CORES, INF]
+    cumulative = [float(np.count_nonzero(demand_cores <= b)) for b in bounds]
+    return bounds, cumulative
+
+
+def test_the_rebuilt_windows_fall_in_the_same_buckets() -> None:
+    bounds, cumulative = histogram_of(np.asarray([0.1] * 70 + [0.45] * 20 + [1.8] * 10))
+    rebuilt = evidence_from_histogram(bounds, cumulative, period_us=100_000)
+    assert rebuilt.periods == 100
+    assert histogram_of(rebuilt.demand_us / 100_000)[1] == cumulative
+
+
+def test_the_same_histogram_always_gives_the_same_evidence() -> None:
+    bounds, cumulative = histogram_of(np.linspace(0, 2, 500))
+    one = evidence_from_histogram(bounds, cumulative, period_us=100_000)
+    two = evidence_from_histogram(bounds, cumulative, period_us=100_000)
+    assert np.array_equal(one.demand_us, two.demand_us)
+
+
+def test_windows_above_the_top_bucket_sit_at_its_bound() -> None:
+    rebuilt = evidence_from_histogram([1.0, 64.0, INF], [5, 5, 8], period_us=100_000)
+    assert sorted(rebuilt.demand_us.tolist())[-3:] == [6_400_000] * 3
+
+
+def test_a_week_of_windows_is_capped_in_proportion() -> None:
+    rebuilt = evidence_from_histogram(
+        [0.5, 1.0, INF], [9e6, 12e6, 12e6], period_us=100_000, max_periods=1200
+    )
+    assert rebuilt.periods == 1200
+    assert np.count_nonzero(rebuilt.demand_us <= 50_000) == 900
+
+
+def test_a_recommendation_from_the_histogram_matches_one_from_the_windows() -> None:
+    # independent windows (what the rebuild assumes): most quiet, one in ten busy
+    rng = np.random.default_rng(5)
+    cores = np.where(rng.random(5000) < 0.1, rng.uniform(0.5, 0.9, 5000), rng.uniform(0, 0.2, 5000))
+    truth = PeriodEvidence(np.rint(cores * 100_000).astype(np.int64))
+    rebuilt = evidence_from_histogram(*histogram_of(cores), period_us=100_000)
+    policy = Policy(strategy=Strategy.LIMIT_ONLY, headroom=0, max_step_up=10)
+    want = recommend(truth, Current(300), policy).limit_millicores
+    got = recommend(rebuilt, Current(300), policy).limit_millicores
+    assert want is not None and got is not None
+    assert abs(got - want) <= 0.15 * want  # within the bucket resolution near the answer
