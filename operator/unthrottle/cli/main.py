@@ -30,6 +30,7 @@ from unthrottle.cfs.figures import RunFigures
 from unthrottle.cfs.tasks import DEFAULT_HZ, Accounting, Machine, simulate_tasks
 from unthrottle.cgroups import CgroupError, Layout, detect_layout
 from unthrottle.cli.output import print_json, print_table, print_tune
+from unthrottle.cli.recommend_cmd import recommend_command
 from unthrottle.lab.kernel import kernel_hz
 from unthrottle.lab.processes import LabError
 from unthrottle.lab.runner import LabOptions, run_scenario
@@ -44,6 +45,7 @@ app = typer.Typer(
 )
 lab_app = typer.Typer(help="Run workloads in real cgroups on this machine.", no_args_is_help=True)
 app.add_typer(lab_app, name="lab")
+app.command("recommend")(recommend_command)
 
 err = Console(stderr=True)
 

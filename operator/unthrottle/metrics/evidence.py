@@ -21,7 +21,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from unthrottle.metrics.promql import BY_CONTAINER, any_of, cadvisor_queries, selector
+from unthrottle.metrics.promql import BY_CONTAINER, cadvisor_queries, namespaces_matcher, selector
 from unthrottle.metrics.source import MetricsSource
 from unthrottle.recommend.histogram import evidence_from_histogram
 from unthrottle.recommend.types import CounterEvidence, PeriodEvidence
@@ -105,8 +105,8 @@ def _owners(source: MetricsSource, ns: str, at: float | None) -> dict[tuple[str,
 def fetch(
     source: MetricsSource, namespaces: list[str], window: str, *, at: float | None = None
 ) -> dict[WorkloadKey, ContainerEvidence]:
-    """Every Deployment container of these namespaces, with its evidence."""
-    ns = any_of("namespace", namespaces)
+    """Every Deployment container of these namespaces (all when empty), with its evidence."""
+    ns = namespaces_matcher(namespaces)
     owners = _owners(source, ns, at)
     found: dict[WorkloadKey, ContainerEvidence] = {}
 

@@ -51,9 +51,15 @@ CONTAINERS = ('container!=""', 'container!="POD"')
 """cAdvisor's pod-level series have ``container=""`` (or ``POD``, the pause container)."""
 
 
+def namespaces_matcher(namespaces: Iterable[str]) -> str:
+    """These namespaces, or every namespace when none is given."""
+    items = list(namespaces)
+    return any_of("namespace", items) if items else 'namespace!=""'
+
+
 def cadvisor_queries(namespaces: Iterable[str], window: str) -> dict[str, str]:
     """One query per cAdvisor metric for every container of these namespaces, over ``window``."""
-    ns = any_of("namespace", namespaces)
+    ns = namespaces_matcher(namespaces)
 
     def increase(metric: str) -> str:
         return f"sum by ({BY_CONTAINER}) (increase({selector(metric, ns, *CONTAINERS)}[{window}]))"

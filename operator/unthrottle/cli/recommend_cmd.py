@@ -1,0 +1,222 @@
+"""``unthrottle recommend``: recommendations for a cluster's Deployments from its Prometheus."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from unthrottle.cfs.settings import format_cpu
+from unthrottle.metrics.evidence import ContainerEvidence, fetch
+from unthrottle.metrics.source import MetricsError, PrometheusConfig, PrometheusSource
+from unthrottle.recommend import Current, Policy, PolicyError, Recommendation, Strategy, recommend
+
+_WINDOW = re.compile(r"^(\d+)([smhdw])$")
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
+err = Console(stderr=True)
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+def _row(item: ContainerEvidence, rec: Recommendation | None) -> dict[str, Any]:
+    return {
+        "name": item.key.container,
+        "current": {
+            "limit_millicores": item.limit_millicores,
+            "request_millicores": item.request_millicores,
+            "burst_us": 0,
+            "gomaxprocs": None,
+        },
+        "throttle_ratio": item.throttle_ratio(),
+        "evidence": item.kind,
+        "pods": len(item.pods),
+        "recommendation": None
+        if rec is None
+        else {
+            "limit_millicores": rec.limit_millicores,
+            "burst_us": rec.burst_us,
+            "gomaxprocs": rec.gomaxprocs,
+            "expected_throttle_ratio": rec.expected_throttle_ratio,
+            "confidence": rec.confidence,
+            "reasons": rec.reasons,
+        },
+    }
+
+
+def harm(row: dict[str, Any], target: float) -> float:
+    """Throttling × how far over the target: the order people should look in."""
+    ratio = row["throttle_ratio"] or 0.0
+    return ratio * max(0.0, ratio - target)
+
+
+def document(found: dict[Any, ContainerEvidence], recs: dict[Any, Recommendation | None],
+             window: str, target: float) -> dict[str, Any]:  # fmt: skip
+    """The JSON document of issue 5 (fields may be added, never removed)."""
+    workloads: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for key in sorted(found):
+        workloads.setdefault((key.namespace, key.deployment), []).append(
+            _row(found[key], recs[key])
+        )
+    ordered = sorted(workloads.items(), key=lambda kv: -max(harm(r, target) for r in kv[1]))
+    return {
+        "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "window": window,
+        "target": target,
+        "workloads": [
+            {"namespace": ns, "deployment": deploy, "containers": rows}
+            for (ns, deploy), rows in ordered
+        ],
+    }
+
+
+def _cpu(millicores: int | None) -> str:
+    return "none" if millicores is None else format_cpu(millicores)
+
+
+def _ratio(value: float | None) -> str:
+    return "" if value is None else f"{value:.3f}"
+
+
+def render(doc: dict[str, Any], fmt: str) -> str:
+    """The document in the requested format."""
+    if fmt == "json":
+        return json.dumps(doc, indent=2) + "\n"
+    if fmt == "yaml":
+        return str(yaml.safe_dump(doc, sort_keys=False))
+    rows = []
+    for w in doc["workloads"]:
+        for c in w["containers"]:
+            rec = c["recommendation"] or {}
+            rows.append({
+                "namespace": w["namespace"], "deployment": w["deployment"],
+                "container": c["name"], "evidence": c["evidence"], "pods": c["pods"],
+                "current_limit": _cpu(c["current"]["limit_millicores"]),
+                "throttle_ratio": _ratio(c["throttle_ratio"]),
+                "recommended_limit": _cpu(rec.get("limit_millicores")) if rec else "",
+                "burst_ms": f"{rec['burst_us'] / 1000:g}" if rec else "",
+                "gomaxprocs": rec.get("gomaxprocs") or "",
+                "expected_throttle_ratio": _ratio(rec.get("expected_throttle_ratio")),
+                "confidence": f"{rec['confidence']:.2f}" if rec else "",
+                "reason": (rec.get("reasons") or [""])[0] if rec else "no evidence in the window",
+            })  # fmt: skip
+    if fmt == "csv":
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=list(rows[0]) if rows else ["namespace"])
+        writer.writeheader()
+        writer.writerows(rows)
+        return out.getvalue()
+    table = Table(title=f"unthrottle recommend: window {doc['window']}, target {doc['target']:g}",
+                  title_justify="left")  # fmt: skip
+    columns = ["namespace", "deployment", "container", "current_limit", "throttle_ratio",
+               "recommended_limit", "burst_ms", "gomaxprocs", "expected_throttle_ratio",
+               "evidence", "confidence", "reason"]  # fmt: skip
+    for name in columns:
+        table.add_column(name.replace("_", " "), overflow="fold")
+    for r in rows:
+        table.add_row(*(str(r[c]) for c in columns))
+    console = Console(file=io.StringIO(), width=200)
+    console.print(table)
+    return console.file.getvalue()  # type: ignore[attr-defined, no-any-return]
+
+
+def recommend_command(
+    prometheus: Annotated[str, typer.Option(help="Prometheus (or compatible) URL.")],
+    namespace: Annotated[
+        list[str] | None, typer.Option(help="Namespaces to cover (repeat); default: all.")
+    ] = None,
+    window: Annotated[str, typer.Option(help="History to read, e.g. 7d, 24h.")] = "7d",
+    target: Annotated[float, typer.Option(help="Throttle ratio to stay under.")] = 0.05,
+    strategy: Annotated[
+        Strategy, typer.Option(case_sensitive=False, help="LimitOnly, BurstPreferred or Auto.")
+    ] = Strategy.AUTO,
+    fmt: Annotated[str, typer.Option("--format", help="table, json, yaml or csv.")] = "table",
+    output: Annotated[Path | None, typer.Option(help="Write here instead of stdout.")] = None,
+    no_cluster: Annotated[
+        bool, typer.Option("--no-cluster", help="Take everything from kube-state-metrics.")
+    ] = False,
+    bearer_token_file: Annotated[Path | None, typer.Option(help="Re-read when it changes.")] = None,
+    ca_bundle: Annotated[Path | None, typer.Option(help="CA certificates for TLS.")] = None,
+    insecure: Annotated[bool, typer.Option(help="Skip TLS verification.")] = False,
+    header: Annotated[
+        list[str] | None, typer.Option(help="Extra header NAME=VALUE (repeat), e.g. X-Scope-OrgID.")
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="Seconds per query.")] = 30.0,
+) -> None:
+    """Recommend CPU limits, burst and GOMAXPROCS for Deployments from Prometheus metrics."""
+    if fmt not in {"table", "json", "yaml", "csv"}:
+        raise _fail(f"--format: {fmt!r} is not table, json, yaml or csv", 2)
+    match = _WINDOW.match(window)
+    if not match:
+        raise _fail(f"--window: {window!r} is not a duration such as 7d, 24h or 30m", 2)
+    if not no_cluster:
+        raise _fail(
+            "reading Deployments from the Kubernetes API is not built yet (issue 5 is open); "
+            "run with --no-cluster to take them from kube-state-metrics",
+            2,
+        )
+    try:
+        policy = Policy(target_ratio=target, strategy=strategy)
+    except PolicyError as error:
+        raise _fail(str(error), 2) from None
+    headers = {}
+    for pair in header or []:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise _fail(f"--header: {pair!r} is not NAME=VALUE", 2)
+        headers[name] = value
+    source = PrometheusSource(PrometheusConfig(
+        url=prometheus, bearer_token_file=bearer_token_file, ca_bundle=ca_bundle,
+        insecure=insecure, headers=headers, timeout_s=timeout,
+    ))  # fmt: skip
+    window_s = int(match.group(1)) * _SECONDS[match.group(2)]
+    try:
+        found = fetch(source, namespace or [], window)
+    except MetricsError as error:
+        raise _fail(str(error), 1) from None
+    where = ", ".join(namespace) if namespace else "any namespace"
+    if not found:
+        raise _fail(
+            f"no Deployments found in {where}: kube-state-metrics' kube_pod_owner and "
+            "kube_replicaset_owner series are needed with --no-cluster",
+            1,
+        )
+    if all(item.periods < 1 for item in found.values()):
+        raise _fail(
+            f"no cAdvisor CPU series for the Deployments in {where}: is the kubelet's "
+            "/metrics/cadvisor endpoint scraped (job kubelet, metrics_path /metrics/cadvisor)?",
+            1,
+        )
+    if not any(item.kind == "period" for item in found.values()):
+        note = (
+            "note: no unthrottle agent series; recommending from cAdvisor counters "
+            "(coarse: 15-60 s samples cannot show 100 ms bursts)"
+        )
+        err.print(note, highlight=False)
+    recs: dict[Any, Recommendation | None] = {}
+    for key, item in found.items():
+        current = Current(item.limit_millicores, min(item.request_millicores,
+                                                     item.limit_millicores or 10**9))  # fmt: skip
+        if item.kind == "period":
+            recs[key] = recommend(item.period_evidence(), current, policy)
+        elif item.kind == "counters":
+            recs[key] = recommend(item.counters(window_s), current, policy)
+        else:
+            recs[key] = None
+    text = render(document(found, recs, window, target), fmt)
+    if output is not None:
+        output.write_text(text)
+    else:
+        sys.stdout.write(text)

@@ -1,0 +1,119 @@
+"""`unthrottle recommend` as a user runs it, against a real Prometheus with history."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from prom import PrometheusServer, free_port, requires_prometheus
+from test_metrics_evidence import history
+
+UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(UNTHROTTLE), "recommend", *args], capture_output=True, text=True,
+                          timeout=120, check=False)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    extra = "\n".join(  # a namespace with cAdvisor only: no agent there
+        f'container_cpu_cfs_periods_total{{namespace="other",pod="w-1-a",container="w"}} '
+        f"{i * 150} {int(time.time()) - 3600 + i * 15}"
+        for i in range(240)
+    )
+    owners = "\n".join(
+        f'kube_pod_owner{{namespace="other",pod="w-1-a",owner_kind="ReplicaSet",'
+        f'owner_name="w-1"}} 1 {int(time.time()) - 3600 + i * 15}\n'
+        f'kube_replicaset_owner{{namespace="other",replicaset="w-1",owner_kind="Deployment",'
+        f'owner_name="w"}} 1 {int(time.time()) - 3600 + i * 15}'
+        for i in range(240)
+    )
+    text = history(int(time.time())) + extra + "\n" + owners + "\n"
+    with PrometheusServer(tmp_path_factory.mktemp("prom"), openmetrics=text) as prom:
+        yield prom.url
+
+
+@requires_prometheus
+def test_json_has_every_workload_most_harmful_first(prometheus: str) -> None:
+    out = cli("--prometheus", prometheus, "--no-cluster", "--namespace", "shop",
+              "--window", "1h", "--format", "json")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert set(doc) >= {"generated_at", "window", "target", "workloads"}
+    names = [w["deployment"] for w in doc["workloads"]]
+    assert names[0] == "api" and set(names) == {"api", "batch", "idle"}
+    api = doc["workloads"][0]["containers"][0]
+    assert set(api) >= {"name", "current", "throttle_ratio", "evidence", "recommendation"}
+    assert api["evidence"] == "period" and api["current"]["limit_millicores"] == 500
+    rec = api["recommendation"]
+    assert set(rec) >= {"limit_millicores", "burst_us", "gomaxprocs", "expected_throttle_ratio",
+                        "confidence", "reasons"}  # fmt: skip
+    assert rec["limit_millicores"] > 500 and rec["expected_throttle_ratio"] <= 0.05
+    idle = next(w for w in doc["workloads"] if w["deployment"] == "idle")["containers"][0]
+    assert idle["evidence"] == "none" and idle["recommendation"] is None
+
+
+@requires_prometheus
+def test_yaml_and_csv_carry_the_same_workloads(prometheus: str, tmp_path: Path) -> None:
+    base = ["--prometheus", prometheus, "--no-cluster", "--namespace", "shop", "--window", "1h"]
+    as_yaml = yaml.safe_load(cli(*base, "--format", "yaml").stdout)
+    assert {w["deployment"] for w in as_yaml["workloads"]} == {"api", "batch", "idle"}
+    target = tmp_path / "out.csv"
+    assert cli(*base, "--format", "csv", "--output", str(target)).returncode == 0
+    rows = list(csv.DictReader(io.StringIO(target.read_text())))
+    assert {r["deployment"] for r in rows} == {"api", "batch", "idle"}
+    assert next(r for r in rows if r["deployment"] == "api")["current_limit"] == "500m"
+    table = cli(*base).stdout
+    assert "api" in table and "recommended limit" in table
+
+
+@requires_prometheus
+def test_without_agent_series_it_falls_back_to_counters_and_says_so(prometheus: str) -> None:
+    out = cli("--prometheus", prometheus, "--no-cluster", "--namespace", "other",
+              "--window", "1h", "--format", "json")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "no unthrottle agent series" in out.stderr
+    container = json.loads(out.stdout)["workloads"][0]["containers"][0]
+    assert container["evidence"] == "counters"
+
+
+@requires_prometheus
+def test_a_namespace_without_deployments_is_an_error(prometheus: str) -> None:
+    out = cli("--prometheus", prometheus, "--no-cluster", "--namespace", "empty", "--window", "1h")
+    assert out.returncode == 1
+    assert "no Deployments found in empty" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["--window", "seven days", "--no-cluster"], 2, "--window"),
+        (["--format", "xml", "--no-cluster"], 2, "--format"),
+        (["--target", "2", "--no-cluster"], 2, "targetThrottleRatio"),
+        ([], 2, "--no-cluster"),
+        (["--no-cluster", "--header", "nonsense"], 2, "--header"),
+    ],
+    ids=["window", "format", "target", "cluster-mode", "header"],
+)
+def test_bad_options_are_named(args: list[str], code: int, message: str) -> None:
+    out = cli("--prometheus", "http://127.0.0.1:1", *args)
+    assert out.returncode == code
+    assert message in out.stderr
+
+
+def test_an_unreachable_prometheus_is_a_clear_error() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    out = cli("--prometheus", url, "--no-cluster", "--timeout", "2")
+    assert out.returncode == 1
+    assert f"unreachable at {url}" in out.stderr
