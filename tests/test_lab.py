@@ -15,7 +15,6 @@ from unthrottle.cgroups import Layout
 from unthrottle.lab import LabOptions, run_scenario
 from unthrottle.model.scenario import parse_scenario
 
-pytestmark = pytest.mark.kernel
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
 
 QUICK = parse_scenario(
@@ -27,6 +26,7 @@ QUICK = parse_scenario(
 )
 
 
+@pytest.mark.kernel
 def test_a_limited_run_is_slower_and_throttled_and_leaves_nothing(layout: Layout) -> None:
     before = worker_pids()
     free, limited = run_scenario(QUICK, layout, LabOptions())
@@ -40,6 +40,7 @@ def test_a_limited_run_is_slower_and_throttled_and_leaves_nothing(layout: Layout
     assert worker_pids() <= before
 
 
+@pytest.mark.kernel
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_an_interrupted_lab_removes_its_cgroups_and_ends_its_workers(
     layout: Layout, tmp_path: Path, sig: signal.Signals
@@ -69,3 +70,20 @@ def test_an_interrupted_lab_removes_its_cgroups_and_ends_its_workers(
     assert b"interrupted" in err
     assert worker_pids() <= before
     # The layout fixture asserts that no cgroup is left.
+
+
+@pytest.mark.parametrize(
+    ("end", "read_at", "periods"),
+    [(999_950, 1_000_080, 11), (999_000, 999_900, 12), (1_000_050, 1_000_090, 12)],
+    ids=["boundary-in-the-gap", "read-before-the-boundary", "boundary-before-the-end"],
+)
+def test_a_boundary_between_the_last_task_and_the_read_is_outside_the_span(
+    end: int, read_at: int, periods: int
+) -> None:
+    from unthrottle.cgroups import CpuStat
+    from unthrottle.lab.runner import _within_span
+
+    delta = CpuStat(0, 12, 11, 0, 0, 0)
+    # grid at 0, 100 µs periods: a boundary at 1,000,000 ns
+    assert _within_span(delta, 0, 100_000, end, read_at).nr_periods == periods
+    assert _within_span(delta, None, 100_000, end, read_at).nr_periods == 12

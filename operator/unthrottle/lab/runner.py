@@ -22,6 +22,7 @@ them from outside it.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 import os
 import statistics
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from unthrottle.cfs.figures import CpuStatDelta, Latency, RunFigures
 from unthrottle.cfs.settings import Bandwidth
 from unthrottle.cfs.workload import Kind, Workload
-from unthrottle.cgroups import Cgroup, Layout
+from unthrottle.cgroups import Cgroup, CpuStat, Layout
 from unthrottle.lab.kernel import kernel_hz
 from unthrottle.lab.processes import LabError, Workers
 from unthrottle.lab.sampling import PeriodSampler, PeriodSamples
@@ -134,10 +135,11 @@ def _measure(
                 if unwatch is not None:
                     unwatch()
             after = cgroup.read_stat()
+            read_at = time.monotonic_ns()
         finally:
             workers.close()
             cgroup.remove()
-    delta = after - before
+    delta = _within_span(after - before, grid_ns, bandwidth.period_us * 1000, end, read_at)
     hz = kernel_hz()
     tick_ns = 1_000_000_000 // hz if hz else None
     figures = RunFigures(
@@ -164,6 +166,24 @@ def _measure(
         },
     )
     return figures, (sampler.samples() if sampler is not None else None)
+
+
+def _within_span(
+    delta: CpuStat, grid_ns: int | None, period_ns: int, end: int, read_at: int
+) -> CpuStat:
+    """Counters for the span from the start to the end of the last task.
+
+    The controller reads cpu.stat tens of µs after the last task ends; a period
+    boundary in that gap counts one more period (the partial one holding the
+    end, which is not throttled: the work is done). It is outside the span, so
+    it is taken out. The grid is known from the calibration.
+    """
+    if grid_ns is None or delta.nr_periods == 0:
+        return delta
+    first_after_end = grid_ns + (-(-(end - grid_ns) // period_ns)) * period_ns
+    if end < first_after_end <= read_at:
+        return dataclasses.replace(delta, nr_periods=delta.nr_periods - 1)
+    return delta
 
 
 def sleep_until(at_ns: int) -> None:
