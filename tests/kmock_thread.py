@@ -34,7 +34,8 @@ class KmockThread:
         self._stop = asyncio.Event()
         async with kmock.KubernetesEmulator() as emulator, kmock.Server(emulator):
             self.emulator = emulator
-            emulator.resources["v1/pods"] = {}  # listed before any pod exists
+            for resource in ("v1/pods", "apps/v1/deployments", "apps/v1/replicasets"):
+                emulator.resources[resource] = {}  # listable before any object exists
             self.url = str(emulator.url)
             self.ready.set()
             await self._stop.wait()
@@ -54,6 +55,16 @@ class KmockThread:
         def put() -> None:
             assert self.emulator is not None
             self.emulator.objects["v1/pods", meta["namespace"], meta["name"]] = pod
+
+        self._call(put)
+
+    def put(self, resource: str, obj: dict[str, Any]) -> None:
+        """Create or replace any object (``resource`` as ``apps/v1/deployments``)."""
+        meta = obj["metadata"]
+
+        def put() -> None:
+            assert self.emulator is not None
+            self.emulator.objects[resource, meta["namespace"], meta["name"]] = obj
 
         self._call(put)
 

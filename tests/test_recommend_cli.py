@@ -101,10 +101,10 @@ def test_a_namespace_without_deployments_is_an_error(prometheus: str) -> None:
         (["--window", "seven days", "--no-cluster"], 2, "--window"),
         (["--format", "xml", "--no-cluster"], 2, "--format"),
         (["--target", "2", "--no-cluster"], 2, "targetThrottleRatio"),
-        ([], 2, "--no-cluster"),
+        (["--kubeconfig", "/nonexistent/kubeconfig"], 2, "--kubeconfig: cannot load it"),
         (["--no-cluster", "--header", "nonsense"], 2, "--header"),
     ],
-    ids=["window", "format", "target", "cluster-mode", "header"],
+    ids=["window", "format", "target", "no-kubeconfig", "header"],
 )
 def test_bad_options_are_named(args: list[str], code: int, message: str) -> None:
     out = cli("--prometheus", "http://127.0.0.1:1", *args)
@@ -117,3 +117,51 @@ def test_an_unreachable_prometheus_is_a_clear_error() -> None:
     out = cli("--prometheus", url, "--no-cluster", "--timeout", "2")
     assert out.returncode == 1
     assert f"unreachable at {url}" in out.stderr
+
+
+def owned(kind: str, namespace: str, name: str, owner_kind: str | None = None,
+          owner: str | None = None, **extra: object) -> dict[str, object]:  # fmt: skip
+    meta: dict[str, object] = {"namespace": namespace, "name": name}
+    if owner_kind:
+        meta["ownerReferences"] = [{"kind": owner_kind, "name": owner, "controller": True}]
+    return {"kind": kind, "metadata": meta, **extra}
+
+
+def deployment(namespace: str, name: str, containers: list[dict[str, object]]) -> dict[str, object]:
+    return owned(
+        "Deployment", namespace, name, spec={"template": {"spec": {"containers": containers}}}
+    )
+
+
+@requires_prometheus
+def test_cluster_mode_takes_deployments_and_gomaxprocs_from_the_api(
+    prometheus: str, tmp_path: Path
+) -> None:
+    from kmock_thread import KmockThread
+
+    with KmockThread() as km:
+        km.put("apps/v1/deployments", deployment("shop", "api", [{
+            "name": "api", "resources": {"limits": {"cpu": "500m"}, "requests": {"cpu": "250m"}},
+            "env": [{"name": "GOMAXPROCS", "value": "8"}]}]))  # fmt: skip
+        km.put("apps/v1/deployments", deployment("shop", "batch", [{
+            "name": "main", "resources": {"limits": {"cpu": "2"}}}]))  # fmt: skip
+        km.put("apps/v1/deployments", deployment("shop", "fresh", [{"name": "web"}]))
+        for rs, deploy in (("api-7d9f", "api"), ("batch-1", "batch")):
+            km.put("apps/v1/replicasets", owned("ReplicaSet", "shop", rs, "Deployment", deploy))
+        for pod, rs in (("api-7d9f-a", "api-7d9f"), ("api-7d9f-b", "api-7d9f"),
+                        ("api-7d9f-c", "api-7d9f"), ("batch-1-x", "batch-1")):  # fmt: skip
+            km.put("v1/pods", owned("Pod", "shop", pod, "ReplicaSet", rs))
+        out = cli("--prometheus", prometheus, "--kubeconfig", str(km.kubeconfig(tmp_path / "kc")),
+                  "--namespace", "shop", "--window", "1h", "--format", "json")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    # the API is the source of truth: "fresh" has no series yet, "idle" is not a Deployment here
+    assert {w["deployment"] for w in doc["workloads"]} == {"api", "batch", "fresh"}
+    api = next(w for w in doc["workloads"] if w["deployment"] == "api")["containers"][0]
+    assert api["current"] == {"limit_millicores": 500, "request_millicores": 250, "burst_us": 0,
+                              "gomaxprocs": 8}  # fmt: skip
+    rec = api["recommendation"]
+    assert rec["gomaxprocs"] == max(2, -(-rec["limit_millicores"] // 1000))
+    assert any("keep the explicit value in step" in r for r in rec["reasons"])
+    fresh = next(w for w in doc["workloads"] if w["deployment"] == "fresh")["containers"][0]
+    assert fresh["evidence"] == "none" and fresh["recommendation"] is None

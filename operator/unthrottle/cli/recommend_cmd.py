@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import re
 import sys
 import time
@@ -17,9 +18,18 @@ from rich.console import Console
 from rich.table import Table
 
 from unthrottle.cfs.settings import format_cpu
-from unthrottle.metrics.evidence import ContainerEvidence, fetch
+from unthrottle.kube.workloads import ContainerSpec, KubeWorkloadStore
+from unthrottle.metrics.evidence import ContainerEvidence, WorkloadKey, fetch
 from unthrottle.metrics.source import MetricsError, PrometheusConfig, PrometheusSource
-from unthrottle.recommend import Current, Policy, PolicyError, Recommendation, Strategy, recommend
+from unthrottle.recommend import (
+    Current,
+    Policy,
+    PolicyError,
+    Recommendation,
+    Runtime,
+    Strategy,
+    recommend,
+)
 
 _WINDOW = re.compile(r"^(\d+)([smhdw])$")
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
@@ -38,7 +48,7 @@ def _row(item: ContainerEvidence, rec: Recommendation | None) -> dict[str, Any]:
             "limit_millicores": item.limit_millicores,
             "request_millicores": item.request_millicores,
             "burst_us": 0,
-            "gomaxprocs": None,
+            "gomaxprocs": item.gomaxprocs_env,
         },
         "throttle_ratio": item.throttle_ratio(),
         "evidence": item.kind,
@@ -132,6 +142,23 @@ def render(doc: dict[str, Any], fmt: str) -> str:
     return console.file.getvalue()  # type: ignore[attr-defined, no-any-return]
 
 
+def _store(kubeconfig: Path | None) -> KubeWorkloadStore:
+    from kubernetes import client, config
+
+    try:
+        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
+        else:
+            config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=str(kubeconfig) if kubeconfig else None
+            )
+    except Exception as error:
+        raise _fail(
+            f"--kubeconfig: cannot load it ({error}); or run with --no-cluster", 2
+        ) from None
+    return KubeWorkloadStore(client.CoreV1Api(), client.AppsV1Api())
+
+
 def recommend_command(
     prometheus: Annotated[str, typer.Option(help="Prometheus (or compatible) URL.")],
     namespace: Annotated[
@@ -147,6 +174,10 @@ def recommend_command(
     no_cluster: Annotated[
         bool, typer.Option("--no-cluster", help="Take everything from kube-state-metrics.")
     ] = False,
+    kubeconfig: Annotated[
+        Path | None,
+        typer.Option(help="Kubeconfig [default: in-cluster, else $KUBECONFIG / ~/.kube/config]."),
+    ] = None,
     bearer_token_file: Annotated[Path | None, typer.Option(help="Re-read when it changes.")] = None,
     ca_bundle: Annotated[Path | None, typer.Option(help="CA certificates for TLS.")] = None,
     insecure: Annotated[bool, typer.Option(help="Skip TLS verification.")] = False,
@@ -161,12 +192,6 @@ def recommend_command(
     match = _WINDOW.match(window)
     if not match:
         raise _fail(f"--window: {window!r} is not a duration such as 7d, 24h or 30m", 2)
-    if not no_cluster:
-        raise _fail(
-            "reading Deployments from the Kubernetes API is not built yet (issue 5 is open); "
-            "run with --no-cluster to take them from kube-state-metrics",
-            2,
-        )
     try:
         policy = Policy(target_ratio=target, strategy=strategy)
     except PolicyError as error:
@@ -182,10 +207,25 @@ def recommend_command(
         insecure=insecure, headers=headers, timeout_s=timeout,
     ))  # fmt: skip
     window_s = int(match.group(1)) * _SECONDS[match.group(2)]
+    specs: dict[WorkloadKey, ContainerSpec] = {}
+    owners = None
+    if not no_cluster:
+        store = _store(kubeconfig)
+        try:
+            for deploy in store.deployments(namespace or []):
+                for spec in deploy.containers.values():
+                    specs[WorkloadKey(deploy.namespace, deploy.name, spec.name)] = spec
+            owners = store.pod_owners(namespace or [])
+        except Exception as error:  # the API client raises many kinds
+            raise _fail(f"cannot read Deployments from the Kubernetes API: {error}", 1) from None
     try:
-        found = fetch(source, namespace or [], window)
+        found = fetch(source, namespace or [], window, owners=owners)
     except MetricsError as error:
         raise _fail(str(error), 1) from None
+    for key, spec in specs.items():  # Deployments with no series at all are still listed
+        found.setdefault(key, ContainerEvidence(key))
+        found[key].limit_millicores = spec.limit_millicores
+        found[key].request_millicores = spec.request_millicores
     where = ", ".join(namespace) if namespace else "any namespace"
     if not found:
         raise _fail(
@@ -207,14 +247,23 @@ def recommend_command(
         err.print(note, highlight=False)
     recs: dict[Any, Recommendation | None] = {}
     for key, item in found.items():
-        current = Current(item.limit_millicores, min(item.request_millicores,
-                                                     item.limit_millicores or 10**9))  # fmt: skip
+        known = specs.get(key)
+        current = Current(
+            item.limit_millicores,
+            min(item.request_millicores, item.limit_millicores or 10**9),
+            runtime=known.runtime if known else Runtime.UNKNOWN,
+            go_at_least_1_25=False,  # unknown from outside the image: assume an older Go
+            gomaxprocs_env=known.gomaxprocs_env if known else None,
+        )
         if item.kind == "period":
             recs[key] = recommend(item.period_evidence(), current, policy)
         elif item.kind == "counters":
             recs[key] = recommend(item.counters(window_s), current, policy)
         else:
             recs[key] = None
+    for key, spec in specs.items():
+        if key in found:
+            found[key].gomaxprocs_env = spec.gomaxprocs_env
     text = render(document(found, recs, window, target), fmt)
     if output is not None:
         output.write_text(text)

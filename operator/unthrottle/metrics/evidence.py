@@ -52,6 +52,8 @@ class ContainerEvidence:
     """Agent histogram: upper bound (cores) → cumulative windows, summed over pods."""
     limit_millicores: int | None = None
     request_millicores: int = 0
+    gomaxprocs_env: int | None = None
+    """An explicit GOMAXPROCS in the container's environment (cluster mode only)."""
 
     @property
     def kind(self) -> str:
@@ -103,11 +105,21 @@ def _owners(source: MetricsSource, ns: str, at: float | None) -> dict[tuple[str,
 
 
 def fetch(
-    source: MetricsSource, namespaces: list[str], window: str, *, at: float | None = None
+    source: MetricsSource,
+    namespaces: list[str],
+    window: str,
+    *,
+    at: float | None = None,
+    owners: dict[tuple[str, str], str] | None = None,
 ) -> dict[WorkloadKey, ContainerEvidence]:
-    """Every Deployment container of these namespaces (all when empty), with its evidence."""
+    """Every Deployment container of these namespaces (all when empty), with its evidence.
+
+    ``owners`` ((namespace, pod) → Deployment) comes from the Kubernetes API when there
+    is cluster access; without it, kube-state-metrics is asked (two more queries).
+    """
     ns = namespaces_matcher(namespaces)
-    owners = _owners(source, ns, at)
+    if owners is None:
+        owners = _owners(source, ns, at)
     found: dict[WorkloadKey, ContainerEvidence] = {}
 
     def entry(labels: dict[str, str]) -> ContainerEvidence | None:

@@ -1,0 +1,1 @@
+"""The Kubernetes API side: which workloads exist, and their containers' settings."""

@@ -1,0 +1,143 @@
+"""Deployments, their containers' CPU settings and runtimes, and which pods they own.
+
+Read through :class:`WorkloadStore`, a narrow interface; :class:`KubeWorkloadStore`
+serves it from the API (raw JSON: only the fields needed are read, so objects
+with fields this version does not know are fine).
+
+The runtime is read from the container's environment, never guessed from an
+image name: ``GOMAXPROCS``, ``GOGC`` or ``GOMEMLIMIT`` mean Go;
+``JAVA_TOOL_OPTIONS``, ``JAVA_OPTS`` or ``JDK_JAVA_OPTIONS`` mean a JVM;
+anything else is unknown, and no processor count is recommended.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from unthrottle.cfs.settings import parse_cpu
+from unthrottle.recommend.types import Runtime
+
+_GO_ENV = {"GOMAXPROCS", "GOGC", "GOMEMLIMIT"}
+_JVM_ENV = {"JAVA_TOOL_OPTIONS", "JAVA_OPTS", "JDK_JAVA_OPTIONS"}
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerSpec:
+    """One container of a Deployment's pod template."""
+
+    name: str
+    limit_millicores: int | None
+    request_millicores: int
+    runtime: Runtime = Runtime.UNKNOWN
+    gomaxprocs_env: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentInfo:
+    """A Deployment and its template's containers."""
+
+    namespace: str
+    name: str
+    containers: dict[str, ContainerSpec] = field(default_factory=dict)
+
+
+class WorkloadStore(Protocol):
+    """What the recommender needs of the cluster."""
+
+    def deployments(self, namespaces: Iterable[str]) -> list[DeploymentInfo]:
+        """Deployments in these namespaces (all when empty)."""
+        ...
+
+    def pod_owners(self, namespaces: Iterable[str]) -> dict[tuple[str, str], str]:
+        """(namespace, pod) → the Deployment that owns it, through its ReplicaSet."""
+        ...
+
+
+def container_spec(raw: dict[str, Any]) -> ContainerSpec:
+    """A container of a pod template, from the API's JSON."""
+    resources = raw.get("resources") or {}
+    limit = (resources.get("limits") or {}).get("cpu")
+    request = (resources.get("requests") or {}).get("cpu")
+    env = {e.get("name"): e.get("value") for e in raw.get("env") or [] if e.get("name")}
+    runtime = Runtime.UNKNOWN
+    if _GO_ENV & set(env):
+        runtime = Runtime.GO
+    elif _JVM_ENV & set(env):
+        runtime = Runtime.JVM
+    gomaxprocs = env.get("GOMAXPROCS")
+    return ContainerSpec(
+        name=raw.get("name", ""),
+        limit_millicores=parse_cpu(limit) if limit is not None else None,
+        request_millicores=parse_cpu(request) if request is not None else 0,
+        runtime=runtime,
+        gomaxprocs_env=int(gomaxprocs) if gomaxprocs and gomaxprocs.isdigit() else None,
+    )
+
+
+def _owner(meta: dict[str, Any], kind: str) -> str | None:
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("kind") == kind and ref.get("controller", True):
+            return str(ref.get("name"))
+    return None
+
+
+class KubeWorkloadStore:
+    """A :class:`WorkloadStore` over ``kubernetes.client`` (CoreV1Api and AppsV1Api)."""
+
+    def __init__(self, core: Any, apps: Any) -> None:
+        self.core = core
+        self.apps = apps
+
+    @staticmethod
+    def _items(reply: Any) -> list[dict[str, Any]]:
+        return list(json.loads(reply.data).get("items", []))
+
+    def _list(self, namespaced: Any, everywhere: Any, namespaces: Iterable[str]) -> list[Any]:
+        selected = list(namespaces)
+        if not selected:
+            return self._items(everywhere(_preload_content=False))
+        out = []
+        for ns in selected:
+            out += self._items(namespaced(ns, _preload_content=False))
+        return out
+
+    def deployments(self, namespaces: Iterable[str]) -> list[DeploymentInfo]:
+        """Deployments with their template containers."""
+        out = []
+        apps = self.apps
+        listed = self._list(
+            apps.list_namespaced_deployment, apps.list_deployment_for_all_namespaces, namespaces
+        )
+        for item in listed:
+            meta = item.get("metadata", {})
+            template = ((item.get("spec") or {}).get("template") or {}).get("spec") or {}
+            specs = [container_spec(c) for c in template.get("containers") or []]
+            out.append(DeploymentInfo(meta.get("namespace", ""), meta.get("name", ""),
+                                      {c.name: c for c in specs}))  # fmt: skip
+        return out
+
+    def pod_owners(self, namespaces: Iterable[str]) -> dict[tuple[str, str], str]:
+        """(namespace, pod) → Deployment, through ReplicaSets."""
+        selected = list(namespaces)
+        rs_owner = {}
+        apps, core = self.apps, self.core
+        replica_sets = self._list(
+            apps.list_namespaced_replica_set, apps.list_replica_set_for_all_namespaces, selected
+        )
+        for rs in replica_sets:
+            meta = rs.get("metadata", {})
+            deploy = _owner(meta, "Deployment")
+            if deploy is not None:
+                rs_owner[(meta.get("namespace", ""), meta.get("name", ""))] = deploy
+        owners = {}
+        pods = self._list(core.list_namespaced_pod, core.list_pod_for_all_namespaces, selected)
+        for pod in pods:
+            meta = pod.get("metadata", {})
+            rs = _owner(meta, "ReplicaSet")
+            deploy = rs_owner.get((meta.get("namespace", ""), rs or ""))
+            if deploy is not None:
+                owners[(meta.get("namespace", ""), meta.get("name", ""))] = deploy
+        return owners
