@@ -83,8 +83,10 @@ def test_deployments_get_their_evidence_in_nine_queries(tmp_path: Path) -> None:
     now = int(time.time())
     with PrometheusServer(tmp_path, openmetrics=history(now)) as prom:
         source = PrometheusSource(PrometheusConfig(prom.url))
-        found = fetch(source, ["shop"], "1h", at=now)
-    assert source.queries == 9
+        announced: list[str] = []
+        found = fetch(source, ["shop"], "1h", at=now, on_query=announced.append)
+    assert source.queries == 9 == len(announced)
+    assert "container_cpu_cfs_periods_total" in announced
     assert set(found) == {WorkloadKey("shop", "api", "api"), WorkloadKey("shop", "batch", "main"),
                           WorkloadKey("shop", "idle", "web")}  # fmt: skip
     api = found[WorkloadKey("shop", "api", "api")]

@@ -49,6 +49,7 @@ def test_json_has_every_workload_most_harmful_first(prometheus: str) -> None:
     out = cli("--prometheus", prometheus, "--no-cluster", "--namespace", "shop",
               "--window", "1h", "--format", "json")  # fmt: skip
     assert out.returncode == 0, out.stderr
+    assert "querying" not in out.stderr  # no progress display when stderr is not a terminal
     doc = json.loads(out.stdout)
     assert set(doc) >= {"generated_at", "window", "target", "workloads"}
     names = [w["deployment"] for w in doc["workloads"]]

@@ -15,11 +15,12 @@ from typing import Annotated, Any
 import typer
 import yaml
 from rich.console import Console
+from rich.progress import Progress
 from rich.table import Table
 
 from unthrottle.cfs.settings import format_cpu
 from unthrottle.kube.workloads import ContainerSpec, KubeWorkloadStore
-from unthrottle.metrics.evidence import ContainerEvidence, WorkloadKey, fetch
+from unthrottle.metrics.evidence import QUERIES_WITH_OWNERS, ContainerEvidence, WorkloadKey, fetch
 from unthrottle.metrics.source import MetricsError, PrometheusConfig, PrometheusSource
 from unthrottle.recommend import (
     Current,
@@ -218,10 +219,17 @@ def recommend_command(
             owners = store.pod_owners(namespace or [])
         except Exception as error:  # the API client raises many kinds
             raise _fail(f"cannot read Deployments from the Kubernetes API: {error}", 1) from None
-    try:
-        found = fetch(source, namespace or [], window, owners=owners)
-    except MetricsError as error:
-        raise _fail(str(error), 1) from None
+    total = QUERIES_WITH_OWNERS - (2 if owners is not None else 0)
+    with Progress(console=err, transient=True, disable=not err.is_terminal) as progress:
+        task = progress.add_task("querying Prometheus", total=total)
+
+        def step(metric: str) -> None:
+            progress.update(task, advance=1, description=f"querying {metric}")
+
+        try:
+            found = fetch(source, namespace or [], window, owners=owners, on_query=step)
+        except MetricsError as error:
+            raise _fail(str(error), 1) from None
     for key, spec in specs.items():  # Deployments with no series at all are still listed
         found.setdefault(key, ContainerEvidence(key))
         found[key].limit_millicores = spec.limit_millicores

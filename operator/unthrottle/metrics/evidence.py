@@ -18,11 +18,13 @@ periods at all has evidence ``none``, and no recommendation is made from it.
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from unthrottle.metrics.promql import BY_CONTAINER, cadvisor_queries, namespaces_matcher, selector
-from unthrottle.metrics.source import MetricsSource
+from unthrottle.metrics.source import MetricsSource, Sample
 from unthrottle.recommend.histogram import evidence_from_histogram
 from unthrottle.recommend.types import CounterEvidence, PeriodEvidence
 
@@ -88,6 +90,22 @@ class ContainerEvidence:
         return PeriodEvidence(evidence.demand_us, period_us, observed_throttle_ratio=ratio)
 
 
+class _Announcing:
+    """A source that says each query's metric before sending it (for a progress display)."""
+
+    def __init__(self, inner: MetricsSource, say: Callable[[str], None]) -> None:
+        self.inner, self.say = inner, say
+
+    def instant(self, promql: str, at: float | None = None) -> list[Sample]:
+        match = re.search(r"[a-z_]+(?=\{)", promql)
+        self.say(match.group(0) if match else promql[:40])
+        return self.inner.instant(promql, at)
+
+
+QUERIES_WITH_OWNERS = 9
+"""Queries :func:`fetch` sends when it must ask kube-state-metrics for owners (7 otherwise)."""
+
+
 def _owners(source: MetricsSource, ns: str, at: float | None) -> dict[tuple[str, str], str]:
     """(namespace, pod) → Deployment, through ReplicaSets."""
     rs_to_deploy = {
@@ -111,12 +129,15 @@ def fetch(
     *,
     at: float | None = None,
     owners: dict[tuple[str, str], str] | None = None,
+    on_query: Callable[[str], None] | None = None,
 ) -> dict[WorkloadKey, ContainerEvidence]:
     """Every Deployment container of these namespaces (all when empty), with its evidence.
 
     ``owners`` ((namespace, pod) → Deployment) comes from the Kubernetes API when there
     is cluster access; without it, kube-state-metrics is asked (two more queries).
     """
+    if on_query is not None:
+        source = _Announcing(source, on_query)
     ns = namespaces_matcher(namespaces)
     if owners is None:
         owners = _owners(source, ns, at)
