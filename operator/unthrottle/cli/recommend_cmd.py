@@ -54,16 +54,7 @@ def _row(item: ContainerEvidence, rec: Recommendation | None) -> dict[str, Any]:
         "throttle_ratio": item.throttle_ratio(),
         "evidence": item.kind,
         "pods": len(item.pods),
-        "recommendation": None
-        if rec is None
-        else {
-            "limit_millicores": rec.limit_millicores,
-            "burst_us": rec.burst_us,
-            "gomaxprocs": rec.gomaxprocs,
-            "expected_throttle_ratio": rec.expected_throttle_ratio,
-            "confidence": rec.confidence,
-            "reasons": rec.reasons,
-        },
+        "recommendation": None if rec is None else rec.to_json(),
     }
 
 

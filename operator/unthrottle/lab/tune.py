@@ -45,17 +45,6 @@ class Refinement:
     after: RunFigures
 
 
-def _rec_json(rec: Recommendation) -> dict[str, Any]:
-    return {
-        "limit_millicores": rec.limit_millicores,
-        "burst_us": rec.burst_us,
-        "gomaxprocs": rec.gomaxprocs,
-        "expected_throttle_ratio": rec.expected_throttle_ratio,
-        "confidence": rec.confidence,
-        "reasons": rec.reasons,
-    }
-
-
 @dataclass(frozen=True, slots=True)
 class TuneResult:
     """Before, our recommendation and what it did, and the baselines beside it."""
@@ -82,12 +71,12 @@ class TuneResult:
             "scenario": self.scenario,
             "target": self.target,
             "before": self.before.to_json(),
-            "recommendation": _rec_json(self.recommendation),
+            "recommendation": self.recommendation.to_json(),
             "after": self.after.to_json(),
             "refined": None
             if self.refined is None
             else {
-                "recommendation": _rec_json(self.refined.recommendation),
+                "recommendation": self.refined.recommendation.to_json(),
                 "after": self.refined.after.to_json(),
             },
             "baselines": [

@@ -165,6 +165,18 @@ class Recommendation:
             return None
         return self.limit_millicores * self.period_us // 1000
 
+    def to_json(self) -> dict[str, object]:
+        """The fields every output carries (``lab tune --json``, ``recommend --format json``)."""
+        return {
+            "limit_millicores": self.limit_millicores,
+            "burst_us": self.burst_us,
+            "gomaxprocs": self.gomaxprocs,
+            "jvm_processors": self.jvm_processors,
+            "expected_throttle_ratio": self.expected_throttle_ratio,
+            "confidence": self.confidence,
+            "reasons": list(self.reasons),
+        }
+
     @property
     def confidence_label(self) -> str:
         """low, medium or high."""
