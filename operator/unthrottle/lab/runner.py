@@ -44,6 +44,8 @@ IDLE_PERIODS = 4
 """Idle periods between calibration and the start: three refills, and the timer stops."""
 LEAD_NS = 30_000_000
 """Time given to send every worker its first command before the common start."""
+CALIBRATION_ATTEMPTS = 3
+"""A stall that was a preemption, not a throttle, is retried this many times in all."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,24 +201,28 @@ def _calibrate(workers: Workers, bandwidth: Bandwidth, cgroup: Cgroup) -> int | 
     Every worker burns until it is stopped; the quota, shared, runs out within
     about ``(quota + burst) / workers`` of CPU. The earliest resume is a boundary.
     A stall only counts if the kernel throttled the cgroup meanwhile: being
-    preempted by another process also stops a worker for a moment.
+    preempted by another process also stops a worker for a moment. Such an
+    attempt is tried again (each one spends quota, so a throttle soon comes).
     """
     assert bandwidth.quota_us is not None
-    throttled_before = cgroup.read_stat().nr_throttled
     period_ns = bandwidth.period_us * 1000
     limit_ns = 3 * period_ns + (bandwidth.quota_us + bandwidth.burst_us) * 1000
-    for index in range(len(workers.pids)):
-        workers.send(index, f"calibrate {limit_ns}")
-    resumes = []
-    for index in range(len(workers.pids)):
-        words = workers.read(index)
-        if words[:1] != ["stall"]:
-            raise LabError(f"worker {index}: unexpected reply {words}")
-        if int(words[2]):
-            resumes.append(int(words[2]))
-    if cgroup.read_stat().nr_throttled == throttled_before:
-        return None
-    return min(resumes) if resumes else None
+    for _ in range(CALIBRATION_ATTEMPTS):
+        throttled_before = cgroup.read_stat().nr_throttled
+        for index in range(len(workers.pids)):
+            workers.send(index, f"calibrate {limit_ns}")
+        resumes = []
+        for index in range(len(workers.pids)):
+            words = workers.read(index)
+            if words[:1] != ["stall"]:
+                raise LabError(f"worker {index}: unexpected reply {words}")
+            if int(words[2]):
+                resumes.append(int(words[2]))
+        if not resumes:
+            return None  # the quota never ran out: it covers what the workers can use
+        if cgroup.read_stat().nr_throttled > throttled_before:
+            return min(resumes)
+    return None
 
 
 def _start_time(bandwidth: Bandwidth, grid_ns: int | None, phase_us: int) -> int:
