@@ -17,7 +17,6 @@ from types import FrameType
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
 from unthrottle import __version__
 from unthrottle.agent import logs as agent_logs
@@ -29,6 +28,7 @@ from unthrottle.agent.server import make_server, serve
 from unthrottle.cfs.figures import RunFigures
 from unthrottle.cfs.tasks import DEFAULT_HZ, Accounting, Machine, simulate_tasks
 from unthrottle.cgroups import CgroupError, Layout, detect_layout
+from unthrottle.cli.common import err, fail, load_kube_config
 from unthrottle.cli.output import print_json, print_table, print_tune
 from unthrottle.cli.recommend_cmd import recommend_command
 from unthrottle.lab.kernel import kernel_hz
@@ -47,7 +47,6 @@ lab_app = typer.Typer(help="Run workloads in real cgroups on this machine.", no_
 app.add_typer(lab_app, name="lab")
 app.command("recommend")(recommend_command)
 
-err = Console(stderr=True)
 
 ScenarioFiles = Annotated[
     list[Path], typer.Argument(help="Scenario files (see scenarios/README.md).", show_default=False)
@@ -61,11 +60,6 @@ PhaseMs = Annotated[
 ]
 
 
-def _fail(message: str, code: int) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    return typer.Exit(code)
-
-
 def _load_all(paths: list[Path]) -> list[Scenario]:
     """Validate every file before anything runs."""
     scenarios, problems = [], []
@@ -75,7 +69,7 @@ def _load_all(paths: list[Path]) -> list[Scenario]:
         except ScenarioError as error:
             problems.append(str(error))
     if problems:
-        raise _fail("\n".join(problems) + "\nnothing was run", 2)
+        raise fail("\n".join(problems) + "\nnothing was run", 2)
     return scenarios
 
 
@@ -97,18 +91,18 @@ def _lab_session(command: str) -> Iterator[Layout]:
     """What every lab command needs: root, the cgroup layout, and SIGTERM handled like
     Ctrl-C, so the lab's own cleanup runs; errors become messages and exit codes."""
     if os.geteuid() != 0:
-        raise _fail(f"{command} creates cgroups and needs root", 1)
+        raise fail(f"{command} creates cgroups and needs root", 1)
     try:
         layout = detect_layout()
     except CgroupError as error:
-        raise _fail(str(error), 1) from None
+        raise fail(str(error), 1) from None
     previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     try:
         yield layout
     except KeyboardInterrupt:
-        raise _fail("interrupted; the run's cgroup and workers were removed", 130) from None
+        raise fail("interrupted; the run's cgroup and workers were removed", 130) from None
     except (CgroupError, LabError, ValueError) as error:
-        raise _fail(str(error), 1) from None
+        raise fail(str(error), 1) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -163,7 +157,7 @@ def lab_tune(
             max_step_down=0.01,
         )
     except PolicyError as error:
-        raise _fail(str(error), 2) from None
+        raise fail(str(error), 2) from None
 
     def step(message: str) -> None:
         if sys.stderr.isatty():
@@ -234,10 +228,10 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s)\s*$")
 def _duration_ns(text: str, option: str) -> int:
     match = _DURATION.match(text)
     if not match:
-        raise _fail(f"{option}: {text!r} is not a duration such as 100ms or 1s", 2)
+        raise fail(f"{option}: {text!r} is not a duration such as 100ms or 1s", 2)
     value = float(match.group(1)) * (1e6 if match.group(2) == "ms" else 1e9)
     if not 1e6 <= value <= 60e9:
-        raise _fail(f"{option}: {text} is outside 1ms-60s", 2)
+        raise fail(f"{option}: {text} is outside 1ms-60s", 2)
     return int(value)
 
 
@@ -289,18 +283,18 @@ def agent(
 ) -> None:
     """The node agent: sample container cgroups every period and export to Prometheus."""
     if log_level.lower() not in {"debug", "info", "warning", "error"}:
-        raise _fail(f"--log-level: {log_level!r} is not debug, info, warning or error", 2)
+        raise fail(f"--log-level: {log_level!r} is not debug, info, warning or error", 2)
     agent_logs.setup(log_level)
     host, _, port_text = listen.rpartition(":")
     if not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise _fail(f"--listen: {listen!r} is not HOST:PORT", 2)
+        raise fail(f"--listen: {listen!r} is not HOST:PORT", 2)
     period_ns = _duration_ns(period, "--period")
     peak_s = _duration_ns(peak_window, "--peak-window") / 1e9
     refresh_s = _duration_ns(discover_every, "--discover-every") / 1e9
     try:
         layout = detect_layout()
     except CgroupError as error:
-        raise _fail(str(error), 1) from None
+        raise fail(str(error), 1) from None
     discover: Callable[[frozenset[str]], list[Found]]
     writer: BurstWriter | None = None
     if standalone:
@@ -336,7 +330,7 @@ def agent(
     try:
         server = make_server(sampler, host.strip("[]"), int(port_text), extra=extra)
     except OSError as error:
-        raise _fail(f"--listen {listen}: {error.strerror}", 1) from None
+        raise fail(f"--listen {listen}: {error.strerror}", 1) from None
     logging.getLogger("unthrottle.agent").info(
         "sampling the %s cgroups %s every %s, serving http://%s/metrics",
         layout.version, where, period, listen,
@@ -346,17 +340,9 @@ def agent(
 
 def _core_api(kubeconfig: Path | None) -> Any:
     """A CoreV1Api: in-cluster when there, else from the kubeconfig."""
-    from kubernetes import client, config
+    from kubernetes import client
 
-    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-    else:
-        try:
-            config.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=str(kubeconfig) if kubeconfig else None
-            )
-        except Exception as error:
-            raise _fail(f"--kubeconfig: cannot load it ({error})", 2) from None
+    load_kube_config(kubeconfig)
     return client.CoreV1Api()
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import re
 import sys
 import time
@@ -19,6 +18,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from unthrottle.cfs.settings import format_cpu
+from unthrottle.cli.common import err, fail, load_kube_config
 from unthrottle.kube.workloads import ContainerSpec, KubeWorkloadStore
 from unthrottle.metrics.evidence import QUERIES_WITH_OWNERS, ContainerEvidence, WorkloadKey, fetch
 from unthrottle.metrics.source import MetricsError, PrometheusConfig, PrometheusSource
@@ -34,12 +34,6 @@ from unthrottle.recommend import (
 
 _WINDOW = re.compile(r"^(\d+)([smhdw])$")
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
-err = Console(stderr=True)
-
-
-def _fail(message: str, code: int) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
-    return typer.Exit(code)
 
 
 def _row(item: ContainerEvidence, rec: Recommendation | None) -> dict[str, Any]:
@@ -135,19 +129,9 @@ def render(doc: dict[str, Any], fmt: str) -> str:
 
 
 def _store(kubeconfig: Path | None) -> KubeWorkloadStore:
-    from kubernetes import client, config
+    from kubernetes import client
 
-    try:
-        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
-        else:
-            config.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=str(kubeconfig) if kubeconfig else None
-            )
-    except Exception as error:
-        raise _fail(
-            f"--kubeconfig: cannot load it ({error}); or run with --no-cluster", 2
-        ) from None
+    load_kube_config(kubeconfig, hint="; or run with --no-cluster")
     return KubeWorkloadStore(client.CoreV1Api(), client.AppsV1Api())
 
 
@@ -180,19 +164,19 @@ def recommend_command(
 ) -> None:
     """Recommend CPU limits, burst and GOMAXPROCS for Deployments from Prometheus metrics."""
     if fmt not in {"table", "json", "yaml", "csv"}:
-        raise _fail(f"--format: {fmt!r} is not table, json, yaml or csv", 2)
+        raise fail(f"--format: {fmt!r} is not table, json, yaml or csv", 2)
     match = _WINDOW.match(window)
     if not match:
-        raise _fail(f"--window: {window!r} is not a duration such as 7d, 24h or 30m", 2)
+        raise fail(f"--window: {window!r} is not a duration such as 7d, 24h or 30m", 2)
     try:
         policy = Policy(target_ratio=target, strategy=strategy)
     except PolicyError as error:
-        raise _fail(str(error), 2) from None
+        raise fail(str(error), 2) from None
     headers = {}
     for pair in header or []:
         name, sep, value = pair.partition("=")
         if not sep or not name:
-            raise _fail(f"--header: {pair!r} is not NAME=VALUE", 2)
+            raise fail(f"--header: {pair!r} is not NAME=VALUE", 2)
         headers[name] = value
     source = PrometheusSource(PrometheusConfig(
         url=prometheus, bearer_token_file=bearer_token_file, ca_bundle=ca_bundle,
@@ -209,7 +193,7 @@ def recommend_command(
                     specs[WorkloadKey(deploy.namespace, deploy.name, spec.name)] = spec
             owners = store.pod_owners(namespace or [])
         except Exception as error:  # the API client raises many kinds
-            raise _fail(f"cannot read Deployments from the Kubernetes API: {error}", 1) from None
+            raise fail(f"cannot read Deployments from the Kubernetes API: {error}", 1) from None
     total = QUERIES_WITH_OWNERS - (2 if owners is not None else 0)
     with Progress(console=err, transient=True, disable=not err.is_terminal) as progress:
         task = progress.add_task("querying Prometheus", total=total)
@@ -220,20 +204,20 @@ def recommend_command(
         try:
             found = fetch(source, namespace or [], window, owners=owners, on_query=step)
         except MetricsError as error:
-            raise _fail(str(error), 1) from None
+            raise fail(str(error), 1) from None
     for key, spec in specs.items():  # Deployments with no series at all are still listed
         found.setdefault(key, ContainerEvidence(key))
         found[key].limit_millicores = spec.limit_millicores
         found[key].request_millicores = spec.request_millicores
     where = ", ".join(namespace) if namespace else "any namespace"
     if not found:
-        raise _fail(
+        raise fail(
             f"no Deployments found in {where}: kube-state-metrics' kube_pod_owner and "
             "kube_replicaset_owner series are needed with --no-cluster",
             1,
         )
     if all(item.periods < 1 for item in found.values()):
-        raise _fail(
+        raise fail(
             f"no cAdvisor CPU series for the Deployments in {where}: is the kubelet's "
             "/metrics/cadvisor endpoint scraped (job kubelet, metrics_path /metrics/cadvisor)?",
             1,
