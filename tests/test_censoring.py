@@ -21,7 +21,7 @@ pytestmark = pytest.mark.kernel
 SCENARIO = parse_scenario(
     {
         "name": "censoring",
-        "workload": {"kind": "batch", "task_cpu_ms": 40, "workers": 2, "tasks": 12},
+        "workload": {"kind": "batch", "task_cpu_ms": 40, "workers": 2, "tasks": 24},
         "runs": [{}, {"cpus": 0.5}],
     }
 )

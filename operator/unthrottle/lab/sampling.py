@@ -13,6 +13,7 @@ bench/window_alignment.py.)
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,10 +60,20 @@ class PeriodSampler:
         self.reader.close()
 
     def samples(self) -> PeriodSamples:
-        """What was sampled, as arrays."""
-        deltas = self.schedule.deltas()
+        """What was sampled, as arrays, each window as one period's worth.
+
+        A reading taken late (the sampler thread waits its turn on a busy machine)
+        makes one window span more than a period; it is scaled by its real length
+        so that it does not read as twice the demand.
+        """
+        readings = self.schedule.readings
+        usage, throttled = [], []
+        for (t0, a), (t1, b) in itertools.pairwise(readings):
+            scale = self.period_ns / (t1 - t0) if t1 - t0 > 1.5 * self.period_ns else 1.0
+            usage.append(round((b.usage_us - a.usage_us) * scale))
+            throttled.append(round((b.throttled_us - a.throttled_us) * scale))
         return PeriodSamples(
-            np.asarray([d.usage_us for d in deltas], dtype=np.int64),
-            np.asarray([d.throttled_us for d in deltas], dtype=np.int64),
+            np.asarray(usage, dtype=np.int64),
+            np.asarray(throttled, dtype=np.int64),
             self.period_ns // 1000,
         )
