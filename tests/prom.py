@@ -32,13 +32,18 @@ def free_port() -> int:
 
 
 class PrometheusServer:
-    """Start with an optional scrape config and/or OpenMetrics history to backfill."""
+    """Start with an optional scrape config and/or OpenMetrics history to backfill.
 
-    def __init__(self, folder: Path, *, scrape: str = "", openmetrics: str = "") -> None:
+    ``tsdb`` serves an existing TSDB folder (a benchmark's cached history).
+    """
+
+    def __init__(self, folder: Path, *, scrape: str = "", openmetrics: str = "",
+                 tsdb: Path | None = None, flags: tuple[str, ...] = ()) -> None:  # fmt: skip
         self.folder = folder
+        self.flags = flags
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.tsdb = folder / "tsdb"
+        self.tsdb = tsdb or folder / "tsdb"
         self.config = folder / "prometheus.yml"
         self.config.write_text(
             "global: {scrape_interval: 1s, evaluation_interval: 1s}\n" + (scrape or "")
@@ -55,7 +60,8 @@ class PrometheusServer:
     def __enter__(self) -> PrometheusServer:
         self.proc = subprocess.Popen(
             ["prometheus", f"--config.file={self.config}", f"--storage.tsdb.path={self.tsdb}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=30d"],
+             f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=30d",
+             *self.flags],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         deadline = time.monotonic() + 30

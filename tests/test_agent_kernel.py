@@ -63,8 +63,9 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 class Workload(CgroupTree):
-    def __init__(self, layout: Layout) -> None:
+    def __init__(self, layout: Layout, quota_us: int = 30_000) -> None:
         super().__init__(layout)
+        self.quota_us = quota_us
         self.root = f"unthrottle-test-agent-{os.getpid()}"
         self.levels = [
             *kubepods_levels(self.root, UID),
@@ -76,7 +77,7 @@ class Workload(CgroupTree):
     def start(self, seconds: float) -> None:
         for path in self.levels[:-1]:
             self.make(path)
-        self.container = self.make(self.levels[-1], 30_000)
+        self.container = self.make(self.levels[-1], self.quota_us)
         code = (
             f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end: pass"
         )

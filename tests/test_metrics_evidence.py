@@ -8,13 +8,15 @@ from pathlib import Path
 import pytest
 
 from prom import PrometheusServer, requires_prometheus
-from unthrottle.metrics.evidence import WorkloadKey, fetch
-from unthrottle.metrics.source import PrometheusConfig, PrometheusSource
+from unthrottle.metrics.evidence import QUERIES_WITH_OWNERS, WorkloadKey, fetch
+from unthrottle.metrics.source import MetricsError, PrometheusConfig, PrometheusSource
 from unthrottle.recommend import Current, Policy, Strategy, recommend
 
 pytestmark = requires_prometheus
 HOUR = 3600
 STEP = 15
+GONE = "api-7d9f-q8wzt"
+"""An api pod that lived the first half hour (a name as the ReplicaSet controller makes)."""
 
 
 def series(lines: list[str], name: str, labels: str, rate: float, now: int,
@@ -25,8 +27,10 @@ def series(lines: list[str], name: str, labels: str, rate: float, now: int,
             lines.append(f"{name}{{{labels}}} {rate * (HOUR - ago - start)} {now - ago}")
 
 
-def gauge(lines: list[str], name: str, labels: str, value: float, now: int) -> None:
-    for ago in range(HOUR, -1, -STEP):
+def gauge(lines: list[str], name: str, labels: str, value: float, now: int,
+          stop: int = HOUR) -> None:  # fmt: skip
+    """A gauge from an hour ago until ``stop`` seconds into the hour."""
+    for ago in range(HOUR, HOUR - stop - 1, -STEP):
         lines.append(f"{name}{{{labels}}} {value} {now - ago}")
 
 
@@ -38,11 +42,11 @@ def history(now: int) -> str:
           'owner_kind="Deployment",owner_name="batch"', 1, now)  # fmt: skip
     gauge(lines, "kube_replicaset_owner", 'namespace="shop",replicaset="idle-1",'
           'owner_kind="Deployment",owner_name="idle"', 1, now)  # fmt: skip
-    pods = {"api-7d9f-a": "api-7d9f", "api-7d9f-b": "api-7d9f", "api-7d9f-c": "api-7d9f",
+    pods = {"api-7d9f-a": "api-7d9f", "api-7d9f-b": "api-7d9f", GONE: "api-7d9f",
             "batch-1-x": "batch-1", "idle-1-y": "idle-1"}  # fmt: skip
-    for pod, rs in pods.items():
+    for pod, rs in pods.items():  # GONE was deleted half-way: its series stop there
         gauge(lines, "kube_pod_owner", f'namespace="shop",pod="{pod}",owner_kind="ReplicaSet",'
-              f'owner_name="{rs}"', 1, now)  # fmt: skip
+              f'owner_name="{rs}"', 1, now, stop=HOUR // 2 if pod == GONE else HOUR)  # fmt: skip
     resources = [
         ("api-7d9f-a", "api", 0.5, 0.25),
         ("api-7d9f-b", "api", 0.5, 0.25),
@@ -55,7 +59,7 @@ def history(now: int) -> str:
                   f'namespace="shop",pod="{pod}",container="{container}",resource="cpu"',
                   value, now)  # fmt: skip
     # api: three pods, "c" only in the first half hour (churn); 10 periods/s, half throttled
-    for pod, stop in (("api-7d9f-a", HOUR), ("api-7d9f-b", HOUR), ("api-7d9f-c", HOUR // 2)):
+    for pod, stop in (("api-7d9f-a", HOUR), ("api-7d9f-b", HOUR), (GONE, HOUR // 2)):
         labels = f'namespace="shop",pod="{pod}",container="api"'
         series(lines, "container_cpu_usage_seconds_total", labels, 0.45, now, stop=stop)
         series(lines, "container_cpu_cfs_periods_total", labels, 10, now, stop=stop)
@@ -90,7 +94,7 @@ def test_deployments_get_their_evidence_in_nine_queries(tmp_path: Path) -> None:
     assert set(found) == {WorkloadKey("shop", "api", "api"), WorkloadKey("shop", "batch", "main"),
                           WorkloadKey("shop", "idle", "web")}  # fmt: skip
     api = found[WorkloadKey("shop", "api", "api")]
-    assert api.pods == {"api-7d9f-a", "api-7d9f-b", "api-7d9f-c"}
+    assert api.pods == {"api-7d9f-a", "api-7d9f-b", GONE}  # the gone pod counts too
     assert api.kind == "period"
     assert api.throttle_ratio() == pytest.approx(0.5, abs=0.02)
     # usage per active period, whatever the churn: 0.45 core-seconds per second of periods
@@ -117,3 +121,42 @@ def test_deployments_get_their_evidence_in_nine_queries(tmp_path: Path) -> None:
     for rec in (alone, auto):
         assert rec.expected_throttle_ratio is not None and rec.expected_throttle_ratio <= 0.05
         assert rec.current_throttle_ratio == pytest.approx(0.5, abs=0.02)
+
+
+def test_agent_counters_fill_in_where_cadvisor_has_none(tmp_path: Path) -> None:
+    now = int(time.time())
+    lines: list[str] = []
+    for deploy in ("both", "agent"):
+        gauge(lines, "kube_replicaset_owner", f'namespace="ops",replicaset="{deploy}-1",'
+              f'owner_kind="Deployment",owner_name="{deploy}"', 1, now)  # fmt: skip
+        gauge(lines, "kube_pod_owner", f'namespace="ops",pod="{deploy}-1-a",'
+              f'owner_kind="ReplicaSet",owner_name="{deploy}-1"', 1, now)  # fmt: skip
+    both = 'namespace="ops",pod="both-1-a",container="c"'
+    series(lines, "container_cpu_cfs_periods_total", both, 10, now)
+    series(lines, "container_cpu_cfs_throttled_periods_total", both, 2, now)
+    series(lines, "unthrottle_cpu_cfs_periods_total", both, 10, now)  # the same cgroup, twice
+    series(lines, "unthrottle_cpu_cfs_throttled_periods_total", both, 2, now)
+    agent = 'namespace="ops",pod="agent-1-a",container="c"'
+    series(lines, "unthrottle_cpu_cfs_periods_total", agent, 10, now)
+    series(lines, "unthrottle_cpu_cfs_throttled_periods_total", agent, 7, now)
+    with PrometheusServer(tmp_path, openmetrics="\n".join(lines) + "\n") as prom:
+        found = fetch(PrometheusSource(PrometheusConfig(prom.url)), ["ops"], "1h", at=now)
+    counted = found[WorkloadKey("ops", "both", "c")]
+    assert counted.periods == pytest.approx(36_000, rel=0.02)  # cAdvisor's, not summed twice
+    assert counted.throttle_ratio() == pytest.approx(0.2, abs=0.01)
+    assert found[WorkloadKey("ops", "agent", "c")].throttle_ratio() == pytest.approx(0.7, abs=0.01)
+
+
+def test_a_query_prometheus_refuses_is_an_error_naming_its_reason(tmp_path: Path) -> None:
+    # a server that may load only 100 samples per query: an hour at 15 s is 241 per series
+    now = int(time.time())
+    flags = ("--query.max-samples=100",)
+    with PrometheusServer(tmp_path, openmetrics=history(now), flags=flags) as prom:
+        source = PrometheusSource(PrometheusConfig(prom.url))
+        began = time.monotonic()
+        with pytest.raises(MetricsError) as caught:
+            fetch(source, ["shop"], "1h", at=now)
+        took = time.monotonic() - began
+    assert "too many samples" in str(caught.value)
+    assert "narrow it with --namespace or a shorter --window" in str(caught.value)
+    assert source.queries <= QUERIES_WITH_OWNERS and took < 30

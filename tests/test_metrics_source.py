@@ -12,7 +12,7 @@ from typing import ClassVar
 import pytest
 
 from prom import PrometheusServer, free_port, requires_prometheus
-from unthrottle.metrics.promql import any_of, cadvisor_queries, equals, regex_literal, string
+from unthrottle.metrics.promql import any_of, counter_queries, equals, regex_literal, string
 from unthrottle.metrics.source import MetricsError, PrometheusConfig, PrometheusSource
 
 HOSTILE = [
@@ -41,7 +41,7 @@ class TestEscaping:
             any_of("namespace", [])
 
     def test_queries_are_batched_one_per_metric(self) -> None:
-        queries = cadvisor_queries(["a", "b", "c"], "7d")
+        queries = counter_queries(["a", "b", "c"], "7d")
         assert len(queries) == 4
         assert all('namespace=~"a|b|c"' in q and 'container!="POD"' in q for q in queries.values())
 
@@ -66,11 +66,11 @@ def test_hostile_names_select_only_their_own_series_on_a_real_prometheus(tmp_pat
     with PrometheusServer(tmp_path, openmetrics=history(now)) as prom:
         source = PrometheusSource(PrometheusConfig(prom.url))
         for ns in HOSTILE:
-            query = cadvisor_queries([ns], "1h")["periods"]
+            query = counter_queries([ns], "1h")["periods"]
             samples = source.instant(query, at=now)
             assert [s.labels["namespace"] for s in samples] == [ns], (ns, query, samples)
             assert samples[0].labels["container"] == "c"  # the POD series is dropped
-        both = source.instant(cadvisor_queries(["shop", "a|b"], "1h")["periods"], at=now)
+        both = source.instant(counter_queries(["shop", "a|b"], "1h")["periods"], at=now)
         assert sorted(s.labels["namespace"] for s in both) == ["a|b", "shop"]
         assert source.queries == len(HOSTILE) + 1
         # ".*" as a value is a name, not a pattern: the namespace literally called ".*" has

@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 
 from unthrottle.agent.sampling import BUCKETS_CORES
 from unthrottle.recommend import Current, PeriodEvidence, Policy, Strategy, recommend
-from unthrottle.recommend.histogram import evidence_from_histogram
+from unthrottle.recommend.histogram import MAX_PERIODS, evidence_from_histogram, highest, quantile
 
 INF = math.inf
 
@@ -58,3 +59,33 @@ def test_a_recommendation_from_the_histogram_matches_one_from_the_windows() -> N
     got = recommend(rebuilt, Current(300), policy).limit_millicores
     assert want is not None and got is not None
     assert abs(got - want) <= 0.15 * want  # within the bucket resolution near the answer
+
+
+def test_a_days_histogram_sizes_like_its_capped_rebuild() -> None:
+    # 864,000 windows (a day), capped to MAX_PERIODS: the answer must not move
+    rng = np.random.default_rng(11)
+    cores = np.where(rng.random(864_000) < 0.08, rng.uniform(0.6, 1.4, 864_000),
+                     rng.uniform(0.05, 0.3, 864_000))  # fmt: skip
+    bounds, cumulative = histogram_of(cores)
+    capped = evidence_from_histogram(bounds, cumulative, period_us=100_000)
+    full = evidence_from_histogram(bounds, cumulative, period_us=100_000, max_periods=10**7)
+    assert capped.periods <= MAX_PERIODS < full.periods == 864_000
+    for strategy in (Strategy.LIMIT_ONLY, Strategy.AUTO):
+        policy = Policy(strategy=strategy, max_step_up=10)
+        want, got = recommend(full, Current(300), policy), recommend(capped, Current(300), policy)
+        assert want.limit_millicores is not None and got.limit_millicores is not None
+        assert abs(got.limit_millicores - want.limit_millicores) <= 0.02 * want.limit_millicores
+        assert abs(got.burst_us - want.burst_us) <= max(2000, 0.1 * want.burst_us)
+        assert got.expected_throttle_ratio is not None and want.expected_throttle_ratio is not None
+        assert abs(got.expected_throttle_ratio - want.expected_throttle_ratio) < 0.005
+
+
+def test_quantiles_interpolate_as_promql_does() -> None:
+    bounds, cumulative = [0.25, 0.5, 1.0, INF], [70.0, 90.0, 100.0, 100.0]
+    assert quantile(bounds, cumulative, 0.5) == pytest.approx(0.25 * 50 / 70)
+    assert quantile(bounds, cumulative, 0.8) == pytest.approx(0.375)  # half-way in (0.25, 0.5]
+    assert quantile(bounds, cumulative, 0.99) == pytest.approx(0.95)
+    assert highest(bounds, cumulative) == 1.0
+    # windows above the top bound sit at it; an empty histogram has no quantile
+    assert quantile([1.0, INF], [5.0, 10.0], 0.99) == 1.0 == highest([1.0, INF], [5.0, 10.0])
+    assert quantile([1.0, INF], [0.0, 0.0], 0.5) is None

@@ -20,8 +20,17 @@ from rich.table import Table
 from unthrottle.cfs.settings import format_cpu
 from unthrottle.cli.common import err, fail, load_kube_config
 from unthrottle.kube.workloads import ContainerSpec, KubeWorkloadStore
-from unthrottle.metrics.evidence import QUERIES_WITH_OWNERS, ContainerEvidence, WorkloadKey, fetch
+from unthrottle.metrics.advise import Job, advise_all
+from unthrottle.metrics.evidence import (
+    CONCURRENCY,
+    QUERIES_WITH_OWNERS,
+    ContainerEvidence,
+    WorkloadKey,
+    deployment_labels,
+    fetch,
+)
 from unthrottle.metrics.source import MetricsError, PrometheusConfig, PrometheusSource
+from unthrottle.model.selector import SelectorError, parse_selector
 from unthrottle.recommend import (
     Current,
     Policy,
@@ -29,7 +38,6 @@ from unthrottle.recommend import (
     Recommendation,
     Runtime,
     Strategy,
-    recommend,
 )
 
 _WINDOW = re.compile(r"^(\d+)([smhdw])$")
@@ -46,6 +54,7 @@ def _row(item: ContainerEvidence, rec: Recommendation | None) -> dict[str, Any]:
             "gomaxprocs": item.gomaxprocs_env,
         },
         "throttle_ratio": item.throttle_ratio(),
+        "demand": item.demand_millicores(),
         "evidence": item.kind,
         "pods": len(item.pods),
         "recommendation": None if rec is None else rec.to_json(),
@@ -101,6 +110,9 @@ def render(doc: dict[str, Any], fmt: str) -> str:
                 "container": c["name"], "evidence": c["evidence"], "pods": c["pods"],
                 "current_limit": _cpu(c["current"]["limit_millicores"]),
                 "throttle_ratio": _ratio(c["throttle_ratio"]),
+                "demand_p99_max": (f"{_cpu(c['demand']['p99_millicores'])} / "
+                                   f"{_cpu(c['demand']['max_millicores'])}"
+                                   if c["demand"] else ""),
                 "recommended_limit": _cpu(rec.get("limit_millicores")) if rec else "",
                 "burst_ms": f"{rec['burst_us'] / 1000:g}" if rec else "",
                 "gomaxprocs": rec.get("gomaxprocs") or "",
@@ -117,10 +129,10 @@ def render(doc: dict[str, Any], fmt: str) -> str:
     table = Table(title=f"unthrottle recommend: window {doc['window']}, target {doc['target']:g}",
                   title_justify="left")  # fmt: skip
     columns = ["namespace", "deployment", "container", "current_limit", "throttle_ratio",
-               "recommended_limit", "burst_ms", "gomaxprocs", "expected_throttle_ratio",
-               "evidence", "confidence", "reason"]  # fmt: skip
+               "demand_p99_max", "recommended_limit", "burst_ms", "gomaxprocs",
+               "expected_throttle_ratio", "evidence", "confidence", "reason"]  # fmt: skip
     for name in columns:
-        table.add_column(name.replace("_", " "), overflow="fold")
+        table.add_column(name.replace("_", " ").replace("p99 max", "p99 / max"), overflow="fold")
     for r in rows:
         table.add_row(*(str(r[c]) for c in columns))
     console = Console(file=io.StringIO(), width=200)
@@ -161,6 +173,40 @@ def recommend_command(
         list[str] | None, typer.Option(help="Extra header NAME=VALUE (repeat), e.g. X-Scope-OrgID.")
     ] = None,
     timeout: Annotated[float, typer.Option(help="Seconds per query.")] = 30.0,
+    selector: Annotated[
+        str,
+        typer.Option(
+            "--selector",
+            "-l",
+            help="Deployment label selector, as kubectl -l: app=web,tier!=batch.",
+        ),
+    ] = "",
+    bearer_token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="UNTHROTTLE_PROMETHEUS_TOKEN",
+            show_default=False,
+            help="Bearer token (better from the environment than the command line).",
+        ),
+    ] = None,
+    basic_auth: Annotated[
+        str | None,
+        typer.Option(
+            envvar="UNTHROTTLE_PROMETHEUS_BASIC_AUTH",
+            show_default=False,
+            help="USER:PASSWORD (better from the environment).",
+        ),
+    ] = None,
+    retries: Annotated[int, typer.Option(help="Retries on errors and 429/5xx, backing off.")] = 3,
+    concurrency: Annotated[int, typer.Option(help="Queries in flight at once.")] = CONCURRENCY,
+    jobs_option: Annotated[
+        int | None,
+        typer.Option(
+            "--jobs",
+            show_default=False,
+            help="Processes computing recommendations [default: usable CPUs].",
+        ),
+    ] = None,
 ) -> None:
     """Recommend CPU limits, burst and GOMAXPROCS for Deployments from Prometheus metrics."""
     if fmt not in {"table", "json", "yaml", "csv"}:
@@ -172,6 +218,18 @@ def recommend_command(
         policy = Policy(target_ratio=target, strategy=strategy)
     except PolicyError as error:
         raise fail(str(error), 2) from None
+    try:
+        wanted = parse_selector(selector)
+    except SelectorError as error:
+        raise fail(f"--selector: {error}", 2) from None
+    auth = None
+    if basic_auth is not None:
+        user, sep, password = basic_auth.partition(":")
+        if not sep or not user:
+            raise fail("--basic-auth: expected USER:PASSWORD", 2)
+        auth = (user, password)
+    if retries < 0 or concurrency < 1 or (jobs_option is not None and jobs_option < 1):
+        raise fail("--retries must be 0 or more, --concurrency and --jobs 1 or more", 2)
     headers = {}
     for pair in header or []:
         name, sep, value = pair.partition("=")
@@ -179,21 +237,40 @@ def recommend_command(
             raise fail(f"--header: {pair!r} is not NAME=VALUE", 2)
         headers[name] = value
     source = PrometheusSource(PrometheusConfig(
-        url=prometheus, bearer_token_file=bearer_token_file, ca_bundle=ca_bundle,
-        insecure=insecure, headers=headers, timeout_s=timeout,
+        url=prometheus, bearer_token=bearer_token, bearer_token_file=bearer_token_file,
+        basic_auth=auth, ca_bundle=ca_bundle, insecure=insecure, headers=headers,
+        timeout_s=timeout, retries=retries,
     ))  # fmt: skip
     window_s = int(match.group(1)) * _SECONDS[match.group(2)]
     specs: dict[WorkloadKey, ContainerSpec] = {}
     owners = None
+    chosen: set[tuple[str, str]] | None = None  # Deployments the selector lets through
     if not no_cluster:
         store = _store(kubeconfig)
+        chosen = set()
         try:
             for deploy in store.deployments(namespace or []):
+                if not wanted.matches(deploy.labels):
+                    continue
+                chosen.add((deploy.namespace, deploy.name))
                 for spec in deploy.containers.values():
                     specs[WorkloadKey(deploy.namespace, deploy.name, spec.name)] = spec
             owners = store.pod_owners(namespace or [])
         except Exception as error:  # the API client raises many kinds
             raise fail(f"cannot read Deployments from the Kubernetes API: {error}", 1) from None
+    elif wanted.requirements:
+        try:
+            exported = deployment_labels(source, namespace or [])
+        except MetricsError as error:
+            raise fail(str(error), 1) from None
+        if not exported:
+            raise fail(
+                "--selector with --no-cluster needs kube-state-metrics' kube_deployment_labels, "
+                "and there are none: kube-state-metrics exports Deployment labels only when "
+                "allowed (--metric-labels-allowlist=deployments=[app,...])",
+                1,
+            )
+        chosen = {key for key, labels in exported.items() if wanted.matches_exported(labels)}
     total = QUERIES_WITH_OWNERS - (2 if owners is not None else 0)
     with Progress(console=err, transient=True, disable=not err.is_terminal) as progress:
         task = progress.add_task("querying Prometheus", total=total)
@@ -202,14 +279,19 @@ def recommend_command(
             progress.update(task, advance=1, description=f"querying {metric}")
 
         try:
-            found = fetch(source, namespace or [], window, owners=owners, on_query=step)
+            found = fetch(source, namespace or [], window, owners=owners, on_query=step,
+                          concurrency=concurrency)  # fmt: skip
         except MetricsError as error:
             raise fail(str(error), 1) from None
+    if chosen is not None:
+        found = {k: v for k, v in found.items() if (k.namespace, k.deployment) in chosen}
     for key, spec in specs.items():  # Deployments with no series at all are still listed
         found.setdefault(key, ContainerEvidence(key))
         found[key].limit_millicores = spec.limit_millicores
         found[key].request_millicores = spec.request_millicores
     where = ", ".join(namespace) if namespace else "any namespace"
+    if selector.strip():
+        where += f" matching {selector.strip()!r}"
     if not found:
         raise fail(
             f"no Deployments found in {where}: kube-state-metrics' kube_pod_owner and "
@@ -218,8 +300,10 @@ def recommend_command(
         )
     if all(item.periods < 1 for item in found.values()):
         raise fail(
-            f"no cAdvisor CPU series for the Deployments in {where}: is the kubelet's "
-            "/metrics/cadvisor endpoint scraped (job kubelet, metrics_path /metrics/cadvisor)?",
+            f"no CPU counters for the Deployments in {where}: neither cAdvisor's "
+            "container_cpu_cfs_periods_total nor the unthrottle agent's. Is the kubelet's "
+            "/metrics/cadvisor endpoint scraped (job kubelet, metrics_path /metrics/cadvisor), "
+            "or the agent's /metrics?",
             1,
         )
     if not any(item.kind == "period" for item in found.values()):
@@ -228,7 +312,7 @@ def recommend_command(
             "(coarse: 15-60 s samples cannot show 100 ms bursts)"
         )
         err.print(note, highlight=False)
-    recs: dict[Any, Recommendation | None] = {}
+    jobs: list[Job] = []
     for key, item in found.items():
         known = specs.get(key)
         current = Current(
@@ -238,12 +322,10 @@ def recommend_command(
             go_at_least_1_25=False,  # unknown from outside the image: assume an older Go
             gomaxprocs_env=known.gomaxprocs_env if known else None,
         )
-        if item.kind == "period":
-            recs[key] = recommend(item.period_evidence(), current, policy)
-        elif item.kind == "counters":
-            recs[key] = recommend(item.counters(window_s), current, policy)
-        else:
-            recs[key] = None
+        jobs.append((item, current, policy, window_s))
+    recs: dict[Any, Recommendation | None] = dict(
+        zip(found, advise_all(jobs, jobs_option), strict=True)
+    )
     for key, spec in specs.items():
         if key in found:
             found[key].gomaxprocs_env = spec.gomaxprocs_env

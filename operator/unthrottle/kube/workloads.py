@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from unthrottle.cfs.settings import parse_cpu
+from unthrottle.model.owners import Owners
 from unthrottle.recommend.types import Runtime
 
 _GO_ENV = {"GOMAXPROCS", "GOGC", "GOMEMLIMIT"}
@@ -42,6 +43,7 @@ class DeploymentInfo:
     namespace: str
     name: str
     containers: dict[str, ContainerSpec] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 class WorkloadStore(Protocol):
@@ -51,8 +53,8 @@ class WorkloadStore(Protocol):
         """Deployments in these namespaces (all when empty)."""
         ...
 
-    def pod_owners(self, namespaces: Iterable[str]) -> dict[tuple[str, str], str]:
-        """(namespace, pod) → the Deployment that owns it, through its ReplicaSet."""
+    def pod_owners(self, namespaces: Iterable[str]) -> Owners:
+        """Pods (through their ReplicaSet) and ReplicaSets → the Deployment that owns them."""
         ...
 
 
@@ -116,13 +118,14 @@ class KubeWorkloadStore:
             template = ((item.get("spec") or {}).get("template") or {}).get("spec") or {}
             specs = [container_spec(c) for c in template.get("containers") or []]
             out.append(DeploymentInfo(meta.get("namespace", ""), meta.get("name", ""),
-                                      {c.name: c for c in specs}))  # fmt: skip
+                                      {c.name: c for c in specs},
+                                      dict(meta.get("labels") or {})))  # fmt: skip
         return out
 
-    def pod_owners(self, namespaces: Iterable[str]) -> dict[tuple[str, str], str]:
-        """(namespace, pod) → Deployment, through ReplicaSets."""
+    def pod_owners(self, namespaces: Iterable[str]) -> Owners:
+        """Pods and ReplicaSets → Deployment (pods through their ReplicaSet)."""
         selected = list(namespaces)
-        rs_owner = {}
+        owners = Owners()
         apps, core = self.apps, self.core
         replica_sets = self._list(
             apps.list_namespaced_replica_set, apps.list_replica_set_for_all_namespaces, selected
@@ -131,13 +134,12 @@ class KubeWorkloadStore:
             meta = rs.get("metadata", {})
             deploy = _owner(meta, "Deployment")
             if deploy is not None:
-                rs_owner[(meta.get("namespace", ""), meta.get("name", ""))] = deploy
-        owners = {}
+                owners.replicasets[(meta.get("namespace", ""), meta.get("name", ""))] = deploy
         pods = self._list(core.list_namespaced_pod, core.list_pod_for_all_namespaces, selected)
         for pod in pods:
             meta = pod.get("metadata", {})
             rs = _owner(meta, "ReplicaSet")
-            deploy = rs_owner.get((meta.get("namespace", ""), rs or ""))
+            deploy = owners.replicasets.get((meta.get("namespace", ""), rs or ""))
             if deploy is not None:
-                owners[(meta.get("namespace", ""), meta.get("name", ""))] = deploy
+                owners.pods[(meta.get("namespace", ""), meta.get("name", ""))] = deploy
         return owners

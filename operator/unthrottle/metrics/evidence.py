@@ -4,7 +4,8 @@ For a selection of namespaces, nine queries in all, whatever the number of
 pods:
 - pod → ReplicaSet and ReplicaSet → Deployment (kube-state-metrics'
   ``kube_pod_owner``, ``kube_replicaset_owner``);
-- cAdvisor's four CPU counters, increased over the window;
+- the four CPU counters, increased over the window: cAdvisor's, or the agent's
+  copies where cAdvisor has none;
 - the agent's demand histogram (``unthrottle_cpu_demand_cores_bucket``);
 - today's CPU limits and requests (``kube_pod_container_resource_*``).
 
@@ -21,11 +22,13 @@ import math
 import re
 from collections import defaultdict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from unthrottle.metrics.promql import BY_CONTAINER, cadvisor_queries, namespaces_matcher, selector
+from unthrottle.metrics.promql import BY_CONTAINER, counter_queries, namespaces_matcher, selector
 from unthrottle.metrics.source import MetricsSource, Sample
-from unthrottle.recommend.histogram import evidence_from_histogram
+from unthrottle.model.owners import Owners
+from unthrottle.recommend.histogram import evidence_from_histogram, highest, quantile
 from unthrottle.recommend.types import CounterEvidence, PeriodEvidence
 
 DEFAULT_PERIOD_US = 100_000
@@ -80,6 +83,20 @@ class ContainerEvidence:
             throttled_s=self.throttled_s,
         )
 
+    def demand_millicores(self) -> dict[str, int] | None:
+        """Per-window demand from the agent's histogram: median, p99 and the largest window
+        (to the bucket it fell in); None without the histogram."""
+        if self.kind != "period":
+            return None
+        bounds = sorted(self.buckets)
+        counts = [self.buckets[b] for b in bounds]
+        p50, p99 = quantile(bounds, counts, 0.5), quantile(bounds, counts, 0.99)
+        return {
+            "p50_millicores": round((p50 or 0.0) * 1000),
+            "p99_millicores": round((p99 or 0.0) * 1000),
+            "max_millicores": round(highest(bounds, counts) * 1000),
+        }
+
     def period_evidence(self, period_us: int = DEFAULT_PERIOD_US) -> PeriodEvidence:
         """Period-level evidence rebuilt from the agent's histogram."""
         bounds = sorted(self.buckets)
@@ -90,36 +107,69 @@ class ContainerEvidence:
         return PeriodEvidence(evidence.demand_us, period_us, observed_throttle_ratio=ratio)
 
 
-class _Announcing:
-    """A source that says each query's metric before sending it (for a progress display)."""
-
-    def __init__(self, inner: MetricsSource, say: Callable[[str], None]) -> None:
-        self.inner, self.say = inner, say
-
-    def instant(self, promql: str, at: float | None = None) -> list[Sample]:
-        match = re.search(r"[a-z_]+(?=\{)", promql)
-        self.say(match.group(0) if match else promql[:40])
-        return self.inner.instant(promql, at)
-
-
 QUERIES_WITH_OWNERS = 9
 """Queries :func:`fetch` sends when it must ask kube-state-metrics for owners (7 otherwise)."""
+CONCURRENCY = 3
+"""Queries in flight at once: Prometheus evaluates them in parallel while this process
+decodes the last answer. Prometheus's own default limit is 20 (``--query.max-concurrency``)."""
 
 
-def _owners(source: MetricsSource, ns: str, at: float | None) -> dict[tuple[str, str], str]:
-    """(namespace, pod) → Deployment, through ReplicaSets."""
-    rs_to_deploy = {
-        (s.labels["namespace"], s.labels["replicaset"]): s.labels["owner_name"]
-        for s in source.instant(
-            selector("kube_replicaset_owner", ns, 'owner_kind="Deployment"'), at
-        )
-    }
-    owners = {}
-    for s in source.instant(selector("kube_pod_owner", ns, 'owner_kind="ReplicaSet"'), at):
-        deploy = rs_to_deploy.get((s.labels["namespace"], s.labels["owner_name"]))
+def metric_of(promql: str) -> str:
+    """The first metric a query names (for a progress display)."""
+    match = re.search(r"[a-z_:]+(?=\{)", promql)
+    return match.group(0) if match else promql[:40]
+
+
+def queries(namespaces: list[str], window: str, *, with_owners: bool) -> dict[str, str]:
+    """Every query :func:`fetch` sends, by name, in the order its answers are used."""
+    ns = namespaces_matcher(namespaces)
+    out = {}
+    if with_owners:  # every owner seen in the window: pods that are gone count too
+        rs = selector("kube_replicaset_owner", ns, 'owner_kind="Deployment"')
+        pods = selector("kube_pod_owner", ns, 'owner_kind="ReplicaSet"')
+        out["replicaset_owners"] = f"last_over_time({rs}[{window}])"
+        out["pod_owners"] = f"last_over_time({pods}[{window}])"
+    out.update(counter_queries(namespaces, window))
+    bucket = selector("unthrottle_cpu_demand_cores_bucket", ns)
+    out["histogram"] = f"sum by ({BY_CONTAINER}, le) (increase({bucket}[{window}]))"
+    out["limits"] = selector("kube_pod_container_resource_limits", ns, 'resource="cpu"')
+    out["requests"] = selector("kube_pod_container_resource_requests", ns, 'resource="cpu"')
+    return out
+
+
+def _owners(replicasets: list[Sample], pods: list[Sample]) -> Owners:
+    """Pods and ReplicaSets → Deployment, from kube-state-metrics."""
+    owners = Owners()
+    for s in replicasets:
+        owners.replicasets[(s.labels["namespace"], s.labels["replicaset"])] = s.labels["owner_name"]
+    for s in pods:
+        deploy = owners.replicasets.get((s.labels["namespace"], s.labels["owner_name"]))
         if deploy is not None:
-            owners[(s.labels["namespace"], s.labels["pod"])] = deploy
+            owners.pods[(s.labels["namespace"], s.labels["pod"])] = deploy
     return owners
+
+
+def deployment_labels(
+    source: MetricsSource, namespaces: list[str], at: float | None = None
+) -> dict[tuple[str, str], dict[str, str]]:
+    """(namespace, Deployment) → its ``kube_deployment_labels`` series labels (one query).
+
+    kube-state-metrics exports a Deployment's labels only when allowed
+    (``--metric-labels-allowlist=deployments=[...]``); an empty answer may mean that.
+    """
+    ns = namespaces_matcher(namespaces)
+    return {
+        (s.labels.get("namespace", ""), s.labels.get("deployment", "")): s.labels
+        for s in source.instant(selector("kube_deployment_labels", ns), at)
+    }
+
+
+_COUNTER_FIELDS = {
+    "usage_seconds": "usage_s",
+    "periods": "periods",
+    "throttled_periods": "throttled_periods",
+    "throttled_seconds": "throttled_s",
+}
 
 
 def fetch(
@@ -128,60 +178,77 @@ def fetch(
     window: str,
     *,
     at: float | None = None,
-    owners: dict[tuple[str, str], str] | None = None,
+    owners: Owners | None = None,
     on_query: Callable[[str], None] | None = None,
+    concurrency: int = CONCURRENCY,
 ) -> dict[WorkloadKey, ContainerEvidence]:
     """Every Deployment container of these namespaces (all when empty), with its evidence.
 
-    ``owners`` ((namespace, pod) → Deployment) comes from the Kubernetes API when there
-    is cluster access; without it, kube-state-metrics is asked (two more queries).
+    ``owners`` comes from the Kubernetes API when there is cluster access; without it,
+    kube-state-metrics is asked (two more queries). Pods gone before the end of the
+    window are counted: :class:`Owners` knows them by name.
+    Up to ``concurrency`` queries are in flight; answers are used in a fixed order, and
+    ``on_query`` hears each query's metric as its answer is used. The first error raised
+    by the source is raised here, and queries not yet sent are not sent.
     """
-    if on_query is not None:
-        source = _Announcing(source, on_query)
-    ns = namespaces_matcher(namespaces)
-    if owners is None:
-        owners = _owners(source, ns, at)
+    sent = queries(namespaces, window, with_owners=owners is None)
+    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        pending = {name: pool.submit(source.instant, promql, at) for name, promql in sent.items()}
+
+        def answer(name: str) -> list[Sample]:
+            try:
+                result = pending[name].result()
+            except BaseException:
+                for future in pending.values():
+                    future.cancel()
+                raise
+            if on_query is not None:
+                on_query(metric_of(sent[name]))
+            return result
+
+        if owners is None:
+            owners = _owners(answer("replicaset_owners"), answer("pod_owners"))
+        return _gather(owners, answer)
+
+
+def _gather(
+    owners: Owners, answer: Callable[[str], list[Sample]]
+) -> dict[WorkloadKey, ContainerEvidence]:
+    """Group the answers by Deployment container."""
     found: dict[WorkloadKey, ContainerEvidence] = {}
+    # (namespace, pod, container) → its Deployment container's evidence, or None when it is
+    # not one: the same container comes back in every query (28 times in the histogram's)
+    seen: dict[tuple[str, str, str], ContainerEvidence | None] = {}
 
     def entry(labels: dict[str, str]) -> ContainerEvidence | None:
-        deploy = owners.get((labels.get("namespace", ""), labels.get("pod", "")))
-        if deploy is None or not labels.get("container") or labels["container"] == "POD":
-            return None
-        key = WorkloadKey(labels["namespace"], deploy, labels["container"])
-        item = found.setdefault(key, ContainerEvidence(key))
-        item.pods.add(labels["pod"])
+        ident = (labels.get("namespace", ""), labels.get("pod", ""), labels.get("container", ""))
+        if ident in seen:
+            return seen[ident]
+        deploy = owners.deployment_of(ident[0], ident[1])
+        item = None
+        if deploy is not None and ident[2] and ident[2] != "POD":
+            key = WorkloadKey(ident[0], deploy, ident[2])
+            item = found.setdefault(key, ContainerEvidence(key))
+            item.pods.add(ident[1])
+        seen[ident] = item
         return item
 
-    fields = {
-        "usage_seconds": "usage_s",
-        "periods": "periods",
-        "throttled_periods": "throttled_periods",
-        "throttled_seconds": "throttled_s",
-    }
-    for name, query in cadvisor_queries(namespaces, window).items():
-        for s in source.instant(query, at):
+    for name, attr in _COUNTER_FIELDS.items():
+        for s in answer(name):
             item = entry(s.labels)
             if item is not None and math.isfinite(s.value):
-                setattr(item, fields[name], getattr(item, fields[name]) + s.value)
+                setattr(item, attr, getattr(item, attr) + s.value)
 
-    histogram = (
-        f"sum by ({BY_CONTAINER}, le) (increase("
-        f"{selector('unthrottle_cpu_demand_cores_bucket', ns)}[{window}]))"
-    )
     per_pod: dict[WorkloadKey, dict[float, float]] = defaultdict(lambda: defaultdict(float))
-    for s in source.instant(histogram, at):
+    for s in answer("histogram"):
         item = entry(s.labels)
         if item is not None and math.isfinite(s.value):
             per_pod[item.key][float(s.labels["le"])] += s.value
     for key, buckets in per_pod.items():
         found[key].buckets = dict(buckets)
 
-    resources = (
-        ("kube_pod_container_resource_limits", "limit_millicores"),
-        ("kube_pod_container_resource_requests", "request_millicores"),
-    )
-    for metric, attr in resources:
-        for s in source.instant(selector(metric, ns, 'resource="cpu"'), at):
+    for name, attr in (("limits", "limit_millicores"), ("requests", "request_millicores")):
+        for s in answer(name):
             item = entry(s.labels)
             if item is not None and math.isfinite(s.value):
                 # the largest across pods: a rollout in progress may mix old and new values

@@ -57,16 +57,29 @@ def namespaces_matcher(namespaces: Iterable[str]) -> str:
     return any_of("namespace", items) if items else 'namespace!=""'
 
 
-def cadvisor_queries(namespaces: Iterable[str], window: str) -> dict[str, str]:
-    """One query per cAdvisor metric for every container of these namespaces, over ``window``."""
+AGENT_COUNTERS = {
+    "container_cpu_usage_seconds_total": "unthrottle_cpu_usage_seconds_total",
+    "container_cpu_cfs_periods_total": "unthrottle_cpu_cfs_periods_total",
+    "container_cpu_cfs_throttled_periods_total": "unthrottle_cpu_cfs_throttled_periods_total",
+    "container_cpu_cfs_throttled_seconds_total": "unthrottle_cpu_cfs_throttled_seconds_total",
+}
+"""cAdvisor's counters and the agent's copies of the same ``cpu.stat`` fields."""
+
+
+def counter_queries(namespaces: Iterable[str], window: str) -> dict[str, str]:
+    """One query per CPU counter for every container of these namespaces, over ``window``.
+
+    cAdvisor's series are preferred; where a container has none (a cluster that
+    scrapes only the agent), the agent's copy fills in, in the same query
+    (``or`` keeps the left side's series and adds the right side's others).
+    """
     ns = namespaces_matcher(namespaces)
 
     def increase(metric: str) -> str:
         return f"sum by ({BY_CONTAINER}) (increase({selector(metric, ns, *CONTAINERS)}[{window}]))"
 
+    names = ("usage_seconds", "periods", "throttled_periods", "throttled_seconds")
     return {
-        "usage_seconds": increase("container_cpu_usage_seconds_total"),
-        "periods": increase("container_cpu_cfs_periods_total"),
-        "throttled_periods": increase("container_cpu_cfs_throttled_periods_total"),
-        "throttled_seconds": increase("container_cpu_cfs_throttled_seconds_total"),
+        name: f"{increase(cadvisor)} or {increase(agent)}"
+        for name, (cadvisor, agent) in zip(names, AGENT_COUNTERS.items(), strict=True)
     }

@@ -8,23 +8,27 @@ Configuration is passed in (:class:`PrometheusConfig`), never read from globals.
 from __future__ import annotations
 
 import os
+import re
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import requests
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 from urllib3.util.retry import Retry
 
+_TOO_BIG = ("too many samples", "timeout", "deadline exceeded", "limit")
+_NARROW = "narrow it with --namespace or a shorter --window"
+
 
 class MetricsError(RuntimeError):
     """Prometheus could not answer; the message says what to check."""
 
 
-@dataclass(frozen=True, slots=True)
-class Sample:
-    """One series of an instant vector."""
+class Sample(NamedTuple):
+    """One series of an instant vector (a tuple: 10^5 of them are made per large query)."""
 
     labels: dict[str, str]
     value: float
@@ -82,6 +86,7 @@ class PrometheusSource:
             timeout=config.timeout_s,
         )
         self.queries = 0
+        self._lock = threading.Lock()
         self._token: str | None = config.bearer_token
         self._token_stamp: tuple[float, int] | None = None
 
@@ -100,9 +105,12 @@ class PrometheusSource:
 
     def instant(self, promql: str, at: float | None = None) -> list[Sample]:
         """Evaluate an instant query."""
-        self.client.headers = {**self.config.headers, **self._authorization()}
+        with self._lock:  # several queries may be in flight (metrics.evidence.fetch)
+            # a query sent meanwhile by another thread may read these headers: the same
+            # values, or a token newer by one rotation, both valid
+            self.client.headers = {**self.config.headers, **self._authorization()}
+            self.queries += 1
         params: dict[str, Any] = {} if at is None else {"time": at}
-        self.queries += 1
         try:
             result = self.client.custom_query(promql, params=params)
         except requests.exceptions.SSLError as err:
@@ -115,7 +123,8 @@ class PrometheusSource:
             ) from None
         except requests.exceptions.Timeout:
             raise MetricsError(
-                f"Prometheus at {self.config.url} did not answer within {self.config.timeout_s:g} s"
+                f"Prometheus at {self.config.url} did not answer within "
+                f"{self.config.timeout_s:g} s; {_NARROW}"
             ) from None
         except PrometheusApiClientException as err:
             text = str(err)
@@ -123,9 +132,11 @@ class PrometheusSource:
                 raise MetricsError(
                     f"Prometheus at {self.config.url} refused the credentials ({text[:120]})"
                 ) from None
-            raise MetricsError(f"query failed: {text[:300]}") from None
+            found = re.search(r'"error":"((?:[^"\\]|\\.)*)"', text)
+            reason = found.group(1) if found else text[:300]
+            hint = f"; {_NARROW}" if any(w in reason for w in _TOO_BIG) else ""
+            raise MetricsError(f"Prometheus refused a query: {reason}{hint}") from None
+        # the decoded JSON's label dicts are used as they are: a copy each costs time at 10^5 series
         return [
-            Sample(dict(item.get("metric", {})), float(item["value"][1]))
-            for item in result
-            if "value" in item
+            Sample(item["metric"], float(item["value"][1])) for item in result if "value" in item
         ]
