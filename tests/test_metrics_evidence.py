@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from prom import PrometheusServer, requires_prometheus
-from unthrottle.metrics.evidence import QUERIES_WITH_OWNERS, WorkloadKey, fetch
+from unthrottle.metrics.evidence import QUERIES_WITH_OWNERS, WorkloadKey, fetch, queries
 from unthrottle.metrics.source import MetricsError, PrometheusConfig, PrometheusSource
 from unthrottle.recommend import Current, Policy, Strategy, recommend
 
@@ -160,3 +160,34 @@ def test_a_query_prometheus_refuses_is_an_error_naming_its_reason(tmp_path: Path
     assert "too many samples" in str(caught.value)
     assert "narrow it with --namespace or a shorter --window" in str(caught.value)
     assert source.queries <= QUERIES_WITH_OWNERS and took < 30
+
+
+def test_a_query_too_big_for_prometheus_is_sent_again_per_namespace(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # 60 containers in each of two namespaces. Prometheus may hold 330 samples per query:
+    # an hour of one series (241) and one namespace's answers fit, both namespaces' do not.
+    now = int(time.time())
+    lines: list[str] = []
+    for ns in ("n1", "n2"):
+        for i in range(60):
+            rs, pod = f"app{i}-6b7d", f"app{i}-6b7d-z{i % 10}x4k"
+            gauge(lines, "kube_replicaset_owner", f'namespace="{ns}",replicaset="{rs}",'
+                  f'owner_kind="Deployment",owner_name="app{i}"', 1, now)  # fmt: skip
+            gauge(lines, "kube_pod_owner", f'namespace="{ns}",pod="{pod}",'
+                  f'owner_kind="ReplicaSet",owner_name="{rs}"', 1, now)  # fmt: skip
+            labels = f'namespace="{ns}",pod="{pod}",container="c"'
+            series(lines, "container_cpu_cfs_periods_total", labels, 10, now)
+            series(lines, "container_cpu_cfs_throttled_periods_total", labels, i / 10, now)
+    flags = ("--query.max-samples=330",)
+    with PrometheusServer(tmp_path, openmetrics="\n".join(lines) + "\n", flags=flags) as prom:
+        source = PrometheusSource(PrometheusConfig(prom.url))
+        with pytest.raises(MetricsError):  # the whole thing at once is refused
+            source.instant(queries(["n1", "n2"], "1h", with_owners=True)["periods"], now)
+        found = fetch(source, ["n1", "n2"], "1h", at=now)
+    assert len(found) == 120
+    for ns in ("n1", "n2"):
+        item = found[WorkloadKey(ns, "app30", "c")]
+        assert item.throttle_ratio() == pytest.approx(0.3, abs=0.01)
+        assert item.periods == pytest.approx(36_000, rel=0.02)
+    assert "sending it once per namespace instead (2 queries)" in caplog.text

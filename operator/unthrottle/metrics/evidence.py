@@ -18,6 +18,7 @@ periods at all has evidence ``none``, and no recommendation is made from it.
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from collections import defaultdict
@@ -26,12 +27,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from unthrottle.metrics.promql import BY_CONTAINER, counter_queries, namespaces_matcher, selector
-from unthrottle.metrics.source import MetricsSource, Sample
+from unthrottle.metrics.source import MetricsError, MetricsSource, Sample
 from unthrottle.model.owners import Owners
 from unthrottle.recommend.histogram import evidence_from_histogram, highest, quantile
 from unthrottle.recommend.types import CounterEvidence, PeriodEvidence
 
 DEFAULT_PERIOD_US = 100_000
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -137,6 +139,13 @@ def queries(namespaces: list[str], window: str, *, with_owners: bool) -> dict[st
     return out
 
 
+def _namespaces_of(owners: Owners | None) -> list[str]:
+    """The namespaces in which pods or ReplicaSets are known (none before owners are)."""
+    if owners is None:
+        return []
+    return sorted({ns for ns, _ in owners.pods} | {ns for ns, _ in owners.replicasets})
+
+
 def _owners(replicasets: list[Sample], pods: list[Sample]) -> Owners:
     """Pods and ReplicaSets → Deployment, from kube-state-metrics."""
     owners = Owners()
@@ -188,16 +197,37 @@ def fetch(
     kube-state-metrics is asked (two more queries). Pods gone before the end of the
     window are counted: :class:`Owners` knows them by name.
     Up to ``concurrency`` queries are in flight; answers are used in a fixed order, and
-    ``on_query`` hears each query's metric as its answer is used. The first error raised
-    by the source is raised here, and queries not yet sent are not sent.
+    ``on_query`` hears each query's metric as its answer is used.
+
+    A query Prometheus refuses as too big (samples, time) is sent again once per
+    namespace: the namespaces asked for, else those of the owners known by then. If it
+    cannot be split, or a part is refused too, the error is raised here, and queries
+    not yet sent are not sent.
     """
-    sent = queries(namespaces, window, with_owners=owners is None)
+    with_owners = owners is None
+    sent = queries(namespaces, window, with_owners=with_owners)
+
+    def split(name: str, error: MetricsError) -> list[Sample]:
+        parts = sorted(set(namespaces)) if namespaces else _namespaces_of(owners)
+        if len(parts) < 2:
+            raise error
+        _log.warning("%s; sending it once per namespace instead (%d queries)", error, len(parts))
+        out: list[Sample] = []
+        for ns in parts:
+            out += source.instant(queries([ns], window, with_owners=with_owners)[name], at)
+        return out
+
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
         pending = {name: pool.submit(source.instant, promql, at) for name, promql in sent.items()}
 
         def answer(name: str) -> list[Sample]:
             try:
-                result = pending[name].result()
+                try:
+                    result = pending[name].result()
+                except MetricsError as error:
+                    if not error.too_big:
+                        raise
+                    result = split(name, error)
             except BaseException:
                 for future in pending.values():
                     future.cancel()

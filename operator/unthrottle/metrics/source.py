@@ -24,7 +24,15 @@ _NARROW = "narrow it with --namespace or a shorter --window"
 
 
 class MetricsError(RuntimeError):
-    """Prometheus could not answer; the message says what to check."""
+    """Prometheus could not answer; the message says what to check.
+
+    ``too_big``: the query was refused for its size or timed out, so a smaller one
+    (fewer namespaces) may pass.
+    """
+
+    def __init__(self, message: str, *, too_big: bool = False) -> None:
+        super().__init__(message)
+        self.too_big = too_big
 
 
 class Sample(NamedTuple):
@@ -124,7 +132,8 @@ class PrometheusSource:
         except requests.exceptions.Timeout:
             raise MetricsError(
                 f"Prometheus at {self.config.url} did not answer within "
-                f"{self.config.timeout_s:g} s; {_NARROW}"
+                f"{self.config.timeout_s:g} s; {_NARROW}",
+                too_big=True,
             ) from None
         except PrometheusApiClientException as err:
             text = str(err)
@@ -134,8 +143,11 @@ class PrometheusSource:
                 ) from None
             found = re.search(r'"error":"((?:[^"\\]|\\.)*)"', text)
             reason = found.group(1) if found else text[:300]
-            hint = f"; {_NARROW}" if any(w in reason for w in _TOO_BIG) else ""
-            raise MetricsError(f"Prometheus refused a query: {reason}{hint}") from None
+            too_big = any(w in reason for w in _TOO_BIG)
+            hint = f"; {_NARROW}" if too_big else ""
+            raise MetricsError(
+                f"Prometheus refused a query: {reason}{hint}", too_big=too_big
+            ) from None
         # the decoded JSON's label dicts are used as they are: a copy each costs time at 10^5 series
         return [
             Sample(item["metric"], float(item["value"][1])) for item in result if "value" in item
