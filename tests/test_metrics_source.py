@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -138,3 +142,21 @@ def test_refused_credentials_say_so(recorder: tuple[str, type[_Recorder]]) -> No
     source = PrometheusSource(PrometheusConfig(url, bearer_token="wrong", retries=0))
     with pytest.raises(MetricsError, match="refused the credentials"):
         source.instant("up")
+
+
+def test_the_cli_sends_the_token_and_basic_auth_from_the_environment(
+    recorder: tuple[str, type[_Recorder]],
+) -> None:
+    url, handler = recorder
+    command = [str(Path(sys.executable).with_name("unthrottle")), "recommend", "--prometheus",
+               url, "--no-cluster", "--namespace", "shop"]  # fmt: skip
+    for env, expected in (
+        ({"UNTHROTTLE_PROMETHEUS_TOKEN": "s3cret"}, "Bearer s3cret"),
+        ({"UNTHROTTLE_PROMETHEUS_BASIC_AUTH": "ops:pa:ss"},
+         "Basic " + base64.b64encode(b"ops:pa:ss").decode()),
+    ):  # fmt: skip
+        handler.seen.clear()
+        out = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False,
+                             env={**os.environ, **env})  # fmt: skip
+        assert "no Deployments found in shop" in out.stderr  # it got past authentication
+        assert handler.seen and {h["Authorization"] for h in handler.seen} == {expected}

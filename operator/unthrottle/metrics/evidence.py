@@ -149,12 +149,15 @@ def _namespaces_of(owners: Owners | None) -> list[str]:
 def _owners(replicasets: list[Sample], pods: list[Sample]) -> Owners:
     """Pods and ReplicaSets → Deployment, from kube-state-metrics."""
     owners = Owners()
-    for s in replicasets:
-        owners.replicasets[(s.labels["namespace"], s.labels["replicaset"])] = s.labels["owner_name"]
+    for s in replicasets:  # a series without the labels kube-state-metrics gives is skipped
+        ns, rs, deploy = (s.labels.get(k) for k in ("namespace", "replicaset", "owner_name"))
+        if ns and rs and deploy:
+            owners.replicasets[(ns, rs)] = deploy
     for s in pods:
-        deploy = owners.replicasets.get((s.labels["namespace"], s.labels["owner_name"]))
-        if deploy is not None:
-            owners.pods[(s.labels["namespace"], s.labels["pod"])] = deploy
+        ns, pod, rs = (s.labels.get(k) for k in ("namespace", "pod", "owner_name"))
+        deploy = owners.replicasets.get((ns or "", rs or ""))
+        if pod and deploy is not None:
+            owners.pods[(ns or "", pod)] = deploy
     return owners
 
 
@@ -241,6 +244,14 @@ def fetch(
         return _gather(owners, answer)
 
 
+def _bound(le: str | None) -> float | None:
+    """A bucket's upper bound (``+Inf`` included); None when the label is not a number."""
+    try:
+        return float(le) if le is not None else None
+    except ValueError:
+        return None
+
+
 def _gather(
     owners: Owners, answer: Callable[[str], list[Sample]]
 ) -> dict[WorkloadKey, ContainerEvidence]:
@@ -272,8 +283,9 @@ def _gather(
     per_pod: dict[WorkloadKey, dict[float, float]] = defaultdict(lambda: defaultdict(float))
     for s in answer("histogram"):
         item = entry(s.labels)
-        if item is not None and math.isfinite(s.value):
-            per_pod[item.key][float(s.labels["le"])] += s.value
+        bound = _bound(s.labels.get("le"))
+        if item is not None and bound is not None and math.isfinite(s.value):
+            per_pod[item.key][bound] += s.value
     for key, buckets in per_pod.items():
         found[key].buckets = dict(buckets)
 
