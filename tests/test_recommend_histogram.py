@@ -70,6 +70,12 @@ def test_a_days_histogram_sizes_like_its_capped_rebuild() -> None:
     capped = evidence_from_histogram(bounds, cumulative, period_us=100_000)
     full = evidence_from_histogram(bounds, cumulative, period_us=100_000, max_periods=10**7)
     assert capped.periods <= MAX_PERIODS < full.periods == 864_000
+    # a day's windows, however many are simulated: confidence and reasons say so
+    assert capped.observed_periods == 864_000 and full.stands_for is None
+    assert recommend(capped, Current(300), Policy()).confidence == 1.0
+    assert (
+        "864000 periods, rebuilt as 50000" in recommend(capped, Current(300), Policy()).reasons[0]
+    )
     for strategy in (Strategy.LIMIT_ONLY, Strategy.AUTO):
         policy = Policy(strategy=strategy, max_step_up=10)
         want, got = recommend(full, Current(300), policy), recommend(capped, Current(300), policy)

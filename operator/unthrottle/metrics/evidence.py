@@ -106,7 +106,10 @@ class ContainerEvidence:
             bounds, [self.buckets[b] for b in bounds], period_us=period_us
         )
         ratio = self.throttle_ratio()
-        return PeriodEvidence(evidence.demand_us, period_us, observed_throttle_ratio=ratio)
+        return PeriodEvidence(
+            evidence.demand_us, period_us, observed_throttle_ratio=ratio,
+            stands_for=evidence.stands_for,
+        )  # fmt: skip
 
 
 QUERIES_WITH_OWNERS = 9

@@ -94,7 +94,7 @@ def limit_for_target(evidence: PeriodEvidence, target: float, *, with_burst: boo
     limit = _smallest(floor, ceiling, meets)
     how = "with a burst of up to its quota" if with_burst else "without burst"
     return Draft(limit).but(
-        reason=f"period-level evidence ({evidence.periods} periods): {limit}m is the smallest "
+        reason=f"period-level evidence ({evidence.describe()}): {limit}m is the smallest "
         f"limit {how} whose simulated throttle ratio meets the target {target:g}"
     )
 
@@ -273,7 +273,7 @@ def processors(
 def confidence(evidence: PeriodEvidence | CounterEvidence) -> float:
     """0–1: a day of period-level evidence is full confidence; counters count half."""
     if isinstance(evidence, PeriodEvidence):
-        hours = evidence.periods * evidence.period_us / 3.6e9
+        hours = evidence.observed_periods * evidence.period_us / 3.6e9
         return round(min(1.0, hours / 24), 4)
     return round(min(1.0, evidence.window_s / 86_400) * 0.5, 4)
 

@@ -75,7 +75,9 @@ def evidence_from_histogram(
         parts.append(low + (high - low) * (np.arange(1, n + 1) / n))
     cores = np.concatenate(parts) if parts else np.zeros(0)
     np.random.default_rng(SEED).shuffle(cores)
-    return PeriodEvidence(np.rint(cores * period_us).astype(np.int64), period_us)
+    demand = np.rint(cores * period_us).astype(np.int64)
+    stands_for = round(float(total)) if total > max_periods else None
+    return PeriodEvidence(demand, period_us, stands_for=stands_for)
 
 
 def quantile(

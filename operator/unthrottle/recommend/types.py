@@ -113,11 +113,25 @@ class PeriodEvidence:
     period_us: int = DEFAULT_PERIOD_US
     observed_throttle_ratio: float | None = None
     """The ratio cpu.stat reported over the same window, when known."""
+    stands_for: int | None = None
+    """How many observed periods a scaled-down rebuild stands for (a histogram's week
+    rebuilt as 50,000 windows); None when ``demand_us`` is every period observed."""
 
     @property
     def periods(self) -> int:
         """How many periods of evidence there are."""
         return int(self.demand_us.size)
+
+    @property
+    def observed_periods(self) -> int:
+        """How many periods were observed: what confidence is measured in."""
+        return self.periods if self.stands_for is None else self.stands_for
+
+    def describe(self) -> str:
+        """``12345 periods``, or ``6048000 periods, rebuilt as 50000``."""
+        if self.observed_periods == self.periods:
+            return f"{self.periods} periods"
+        return f"{self.observed_periods} periods, rebuilt as {self.periods}"
 
 
 @dataclass(frozen=True, slots=True)
