@@ -169,9 +169,14 @@ def test_cluster_mode_takes_deployments_and_gomaxprocs_from_the_api(
     from kmock_thread import KmockThread
 
     with KmockThread() as km:
-        km.put("apps/v1/deployments", deployment("shop", "api", [{
+        api = deployment("shop", "api", [{
             "name": "api", "resources": {"limits": {"cpu": "500m"}, "requests": {"cpu": "250m"}},
-            "env": [{"name": "GOMAXPROCS", "value": "8"}]}]))  # fmt: skip
+            "env": [{"name": "GOMAXPROCS", "value": "8"}]}])  # fmt: skip
+        # a burst asked in the pod template: today's setting, as the agent writes it
+        api["spec"]["template"]["metadata"] = {  # type: ignore[index]
+            "annotations": {"unthrottle.io/cpu-burst": "api=20ms"}
+        }
+        km.put("apps/v1/deployments", api)
         km.put("apps/v1/deployments", deployment("shop", "batch", [{
             "name": "main", "resources": {"limits": {"cpu": "2"}}}]))  # fmt: skip
         km.put("apps/v1/deployments", deployment("shop", "fresh", [{"name": "web"}]))
@@ -189,8 +194,8 @@ def test_cluster_mode_takes_deployments_and_gomaxprocs_from_the_api(
     assert {w["deployment"] for w in doc["workloads"]} == {"api", "batch", "fresh"}
     api = next(w for w in doc["workloads"] if w["deployment"] == "api")["containers"][0]
     assert api["pods"] == 3
-    assert api["current"] == {"limit_millicores": 500, "request_millicores": 250, "burst_us": 0,
-                              "gomaxprocs": 8}  # fmt: skip
+    assert api["current"] == {"limit_millicores": 500, "request_millicores": 250,
+                              "burst_us": 20_000, "gomaxprocs": 8}  # fmt: skip
     rec = api["recommendation"]
     assert rec["gomaxprocs"] == max(2, -(-rec["limit_millicores"] // 1000))
     assert any("keep the explicit value in step" in r for r in rec["reasons"])

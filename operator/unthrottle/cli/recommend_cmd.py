@@ -50,7 +50,7 @@ def _row(item: ContainerEvidence, rec: Recommendation | None) -> dict[str, Any]:
         "current": {
             "limit_millicores": item.limit_millicores,
             "request_millicores": item.request_millicores,
-            "burst_us": 0,
+            "burst_us": item.burst_us,
             "gomaxprocs": item.gomaxprocs_env,
         },
         "throttle_ratio": item.throttle_ratio(),
@@ -321,6 +321,7 @@ def recommend_command(
             runtime=known.runtime if known else Runtime.UNKNOWN,
             go_at_least_1_25=False,  # unknown from outside the image: assume an older Go
             gomaxprocs_env=known.gomaxprocs_env if known else None,
+            burst_us=known.burst_us if known else 0,
         )
         jobs.append((item, current, policy, window_s))
     recs: dict[Any, Recommendation | None] = dict(
@@ -329,6 +330,7 @@ def recommend_command(
     for key, spec in specs.items():
         if key in found:
             found[key].gomaxprocs_env = spec.gomaxprocs_env
+            found[key].burst_us = spec.burst_us
     text = render(document(found, recs, window, target), fmt)
     if output is not None:
         output.write_text(text)

@@ -13,13 +13,17 @@ anything else is unknown, and no processor count is recommended.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from unthrottle.cfs.settings import parse_cpu
+from unthrottle.cfs.settings import DEFAULT_PERIOD_US, parse_cpu
+from unthrottle.model.burst import BurstAnnotationError, burst_specs, spec_for
 from unthrottle.model.owners import Owners
 from unthrottle.recommend.types import Runtime
+
+_log = logging.getLogger(__name__)
 
 _GO_ENV = {"GOMAXPROCS", "GOGC", "GOMEMLIMIT"}
 _JVM_ENV = {"JAVA_TOOL_OPTIONS", "JAVA_OPTS", "JDK_JAVA_OPTIONS"}
@@ -34,6 +38,8 @@ class ContainerSpec:
     request_millicores: int
     runtime: Runtime = Runtime.UNKNOWN
     gomaxprocs_env: int | None = None
+    burst_us: int = 0
+    """The burst the pod template's annotation asks for, resolved against the limit."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +85,23 @@ def container_spec(raw: dict[str, Any]) -> ContainerSpec:
     )
 
 
+def _with_burst(
+    spec: ContainerSpec, annotations: dict[str, str], meta: dict[str, Any]
+) -> ContainerSpec:
+    """The container with the burst its pod template's annotation asks for (as the agent
+    will write it: clamped to the quota). A malformed annotation counts as none, said once
+    in the log; the agent refuses it the same way."""
+    try:
+        wanted = spec_for(burst_specs(annotations), spec.name)
+    except BurstAnnotationError as error:
+        _log.warning("Deployment %s/%s: %s", meta.get("namespace"), meta.get("name"), error)
+        return spec
+    if wanted is None or spec.limit_millicores is None:
+        return spec
+    burst_us, _ = wanted.resolve(spec.limit_millicores * DEFAULT_PERIOD_US // 1000)
+    return replace(spec, burst_us=burst_us)
+
+
 def _owner(meta: dict[str, Any], kind: str) -> str | None:
     for ref in meta.get("ownerReferences") or []:
         if ref.get("kind") == kind and ref.get("controller", True):
@@ -115,8 +138,13 @@ class KubeWorkloadStore:
         )
         for item in listed:
             meta = item.get("metadata", {})
-            template = ((item.get("spec") or {}).get("template") or {}).get("spec") or {}
-            specs = [container_spec(c) for c in template.get("containers") or []]
+            pod_template = (item.get("spec") or {}).get("template") or {}
+            template = pod_template.get("spec") or {}
+            annotations = (pod_template.get("metadata") or {}).get("annotations") or {}
+            specs = [
+                _with_burst(container_spec(c), annotations, meta)
+                for c in template.get("containers") or []
+            ]
             out.append(DeploymentInfo(meta.get("namespace", ""), meta.get("name", ""),
                                       {c.name: c for c in specs},
                                       dict(meta.get("labels") or {})))  # fmt: skip

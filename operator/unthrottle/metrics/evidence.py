@@ -60,6 +60,8 @@ class ContainerEvidence:
     limit_millicores: int | None = None
     request_millicores: int = 0
     gomaxprocs_env: int | None = None
+    burst_us: int = 0
+    """The burst its pod template asks for (cluster mode only)."""
     """An explicit GOMAXPROCS in the container's environment (cluster mode only)."""
 
     @property
