@@ -15,13 +15,15 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-## The local demo: the seed scenarios on this kernel (root), then the model's prediction.
-demo: $(STAMP)
+## The local demo: the seed scenarios on this kernel (root), the model's prediction, then
+## `unthrottle recommend` on a day of a small shop's history in a real Prometheus.
+demo: $(STAMP) prometheus
 	@if [ "$$(id -u)" = 0 ]; then $(BIN)/unthrottle lab run scenarios/seed-*.yaml; \
 	else echo "lab run needs root (it creates cgroups); showing the model only"; fi
 	$(BIN)/unthrottle simulate scenarios/seed-*.yaml
+	$(BIN)/python demo/recommend_demo.py
 
-## The real Prometheus server the agent tests scrape with (Debian's package; root installs it).
+## The real Prometheus server the tests and the demo use (Debian's package; root installs it).
 prometheus:
 	@command -v prometheus >/dev/null || { \
 	  if [ "$$(id -u)" = 0 ]; then \
@@ -34,8 +36,8 @@ test: $(STAMP) prometheus check
 	$(BIN)/pytest
 
 check: $(STAMP)
-	$(BIN)/ruff check operator tests bench
-	$(BIN)/ruff format --check operator tests bench
+	$(BIN)/ruff check operator tests bench demo
+	$(BIN)/ruff format --check operator tests bench demo
 	$(BIN)/mypy operator/unthrottle
 	$(BIN)/lint-imports
 

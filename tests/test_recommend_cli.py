@@ -95,6 +95,8 @@ def test_yaml_and_csv_carry_the_same_workloads(prometheus: str, tmp_path: Path) 
     assert {r["deployment"] for r in rows} == {"api", "batch", "idle"}
     api = next(r for r in rows if r["deployment"] == "api")
     assert api["current_limit"] == "500m" and api["demand_p99_max"].endswith("/ 1250m")
+    # the whole chain of reasons, and its last step as the one-line reason
+    assert "headroom" in api["reasons"] and api["reason"] == api["reasons"].split(" | ")[-1]
     table = cli(*base).stdout
     assert "api" in table and "recommended limit" in table and "demand p99 / max" in table
 

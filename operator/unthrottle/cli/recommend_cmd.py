@@ -118,7 +118,10 @@ def render(doc: dict[str, Any], fmt: str) -> str:
                 "gomaxprocs": rec.get("gomaxprocs") or "",
                 "expected_throttle_ratio": _ratio(rec.get("expected_throttle_ratio")),
                 "confidence": f"{rec['confidence']:.2f}" if rec else "",
-                "reason": (rec.get("reasons") or [""])[0] if rec else "no evidence in the window",
+                # the last step that shaped the value (a bound, the burst, the headroom);
+                # JSON, YAML and CSV's "reasons" keep the whole chain
+                "reason": (rec.get("reasons") or [""])[-1] if rec else "no evidence in the window",
+                "reasons": " | ".join(rec.get("reasons") or []) if rec else "",
             })  # fmt: skip
     if fmt == "csv":
         out = io.StringIO()
