@@ -30,7 +30,8 @@ from unthrottle.metrics.evidence import (
     fetch,
 )
 from unthrottle.metrics.source import MetricsError, PrometheusConfig, PrometheusSource
-from unthrottle.model.selector import SelectorError, parse_selector
+from unthrottle.model.owners import Owners
+from unthrottle.model.selector import Selector, SelectorError, parse_selector
 from unthrottle.recommend import (
     Current,
     Policy,
@@ -150,6 +151,44 @@ def _store(kubeconfig: Path | None) -> KubeWorkloadStore:
     return KubeWorkloadStore(client.CoreV1Api(), client.AppsV1Api())
 
 
+def _from_cluster(
+    kubeconfig: Path | None, namespaces: list[str], wanted: Selector
+) -> tuple[dict[WorkloadKey, ContainerSpec], Owners, set[tuple[str, str]]]:
+    """The selected Deployments' containers, pod owners and names, from the Kubernetes API."""
+    store = _store(kubeconfig)
+    specs: dict[WorkloadKey, ContainerSpec] = {}
+    chosen = set()
+    try:
+        for deploy in store.deployments(namespaces):
+            if not wanted.matches(deploy.labels):
+                continue
+            chosen.add((deploy.namespace, deploy.name))
+            for spec in deploy.containers.values():
+                specs[WorkloadKey(deploy.namespace, deploy.name, spec.name)] = spec
+        owners = store.pod_owners(namespaces)
+    except Exception as error:  # the API client raises many kinds
+        raise fail(f"cannot read Deployments from the Kubernetes API: {error}", 1) from None
+    return specs, owners, chosen
+
+
+def _chosen_by_labels(
+    source: PrometheusSource, namespaces: list[str], wanted: Selector
+) -> set[tuple[str, str]]:
+    """The Deployments whose kube-state-metrics labels match (``--no-cluster``)."""
+    try:
+        exported = deployment_labels(source, namespaces)
+    except MetricsError as error:
+        raise fail(str(error), 1) from None
+    if not exported:
+        raise fail(
+            "--selector with --no-cluster needs kube-state-metrics' kube_deployment_labels, "
+            "and there are none: kube-state-metrics exports Deployment labels only when "
+            "allowed (--metric-labels-allowlist=deployments=[app,...])",
+            1,
+        )
+    return {key for key, labels in exported.items() if wanted.matches_exported(labels)}
+
+
 def recommend_command(
     prometheus: Annotated[str, typer.Option(help="Prometheus (or compatible) URL.")],
     namespace: Annotated[
@@ -246,34 +285,12 @@ def recommend_command(
     ))  # fmt: skip
     window_s = int(match.group(1)) * _SECONDS[match.group(2)]
     specs: dict[WorkloadKey, ContainerSpec] = {}
-    owners = None
+    owners: Owners | None = None
     chosen: set[tuple[str, str]] | None = None  # Deployments the selector lets through
     if not no_cluster:
-        store = _store(kubeconfig)
-        chosen = set()
-        try:
-            for deploy in store.deployments(namespace or []):
-                if not wanted.matches(deploy.labels):
-                    continue
-                chosen.add((deploy.namespace, deploy.name))
-                for spec in deploy.containers.values():
-                    specs[WorkloadKey(deploy.namespace, deploy.name, spec.name)] = spec
-            owners = store.pod_owners(namespace or [])
-        except Exception as error:  # the API client raises many kinds
-            raise fail(f"cannot read Deployments from the Kubernetes API: {error}", 1) from None
+        specs, owners, chosen = _from_cluster(kubeconfig, namespace or [], wanted)
     elif wanted.requirements:
-        try:
-            exported = deployment_labels(source, namespace or [])
-        except MetricsError as error:
-            raise fail(str(error), 1) from None
-        if not exported:
-            raise fail(
-                "--selector with --no-cluster needs kube-state-metrics' kube_deployment_labels, "
-                "and there are none: kube-state-metrics exports Deployment labels only when "
-                "allowed (--metric-labels-allowlist=deployments=[app,...])",
-                1,
-            )
-        chosen = {key for key, labels in exported.items() if wanted.matches_exported(labels)}
+        chosen = _chosen_by_labels(source, namespace or [], wanted)
     total = QUERIES_WITH_OWNERS - (2 if owners is not None else 0)
     with Progress(console=err, transient=True, disable=not err.is_terminal) as progress:
         task = progress.add_task("querying Prometheus", total=total)
@@ -296,11 +313,13 @@ def recommend_command(
     if selector.strip():
         where += f" matching {selector.strip()!r}"
     if not found:
-        raise fail(
-            f"no Deployments found in {where}: kube-state-metrics' kube_pod_owner and "
-            "kube_replicaset_owner series are needed with --no-cluster",
-            1,
+        source_of = (
+            "kube-state-metrics' kube_pod_owner and kube_replicaset_owner series are needed "
+            "with --no-cluster"
+            if no_cluster
+            else "the Kubernetes API lists none"
         )
+        raise fail(f"no Deployments found in {where}: {source_of}", 1)
     if all(item.periods < 1 for item in found.values()):
         raise fail(
             f"no CPU counters for the Deployments in {where}: neither cAdvisor's "
