@@ -30,7 +30,7 @@ from unthrottle.cfs.tasks import DEFAULT_HZ, Accounting, Machine, simulate_tasks
 from unthrottle.cgroups import CgroupError, Layout, detect_layout
 from unthrottle.cli.common import err, fail, load_kube_config
 from unthrottle.cli.output import print_json, print_table, print_tune
-from unthrottle.cli.recommend_cmd import recommend_command
+from unthrottle.cli.recommend_cmd import prometheus_rules_command, recommend_command
 from unthrottle.lab.kernel import kernel_hz
 from unthrottle.lab.processes import LabError
 from unthrottle.lab.runner import LabOptions, run_scenario
@@ -46,6 +46,7 @@ app = typer.Typer(
 lab_app = typer.Typer(help="Run workloads in real cgroups on this machine.", no_args_is_help=True)
 app.add_typer(lab_app, name="lab")
 app.command("recommend")(recommend_command)
+app.command("prometheus-rules")(prometheus_rules_command)
 
 
 ScenarioFiles = Annotated[

@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import re
 import sys
 import time
 from pathlib import Path
@@ -28,7 +27,9 @@ from unthrottle.metrics.evidence import (
     WorkloadKey,
     deployment_labels,
     fetch,
+    recorded_covers,
 )
+from unthrottle.metrics.promql import recording_rules, seconds
 from unthrottle.metrics.source import MetricsError, PrometheusConfig, PrometheusSource
 from unthrottle.model.owners import Owners
 from unthrottle.model.selector import Selector, SelectorError, parse_selector
@@ -40,9 +41,6 @@ from unthrottle.recommend import (
     Runtime,
     Strategy,
 )
-
-_WINDOW = re.compile(r"^(\d+)([smhdw])$")
-_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
 
 
 def _row(item: ContainerEvidence, rec: Recommendation | None) -> dict[str, Any]:
@@ -241,6 +239,14 @@ def recommend_command(
     ] = None,
     retries: Annotated[int, typer.Option(help="Retries on errors and 429/5xx, backing off.")] = 3,
     concurrency: Annotated[int, typer.Option(help="Queries in flight at once.")] = CONCURRENCY,
+    history: Annotated[
+        str,
+        typer.Option(
+            help="auto, raw or recorded: recorded reads the series of unthrottle's "
+            "recording rules (unthrottle prometheus-rules); auto does when they "
+            "cover the window."
+        ),
+    ] = "auto",
     jobs_option: Annotated[
         int | None,
         typer.Option(
@@ -253,9 +259,11 @@ def recommend_command(
     """Recommend CPU limits, burst and GOMAXPROCS for Deployments from Prometheus metrics."""
     if fmt not in {"table", "json", "yaml", "csv"}:
         raise fail(f"--format: {fmt!r} is not table, json, yaml or csv", 2)
-    match = _WINDOW.match(window)
-    if not match:
+    window_s = seconds(window)
+    if window_s is None or window_s <= 0:
         raise fail(f"--window: {window!r} is not a duration such as 7d, 24h or 30m", 2)
+    if history not in {"auto", "raw", "recorded"}:
+        raise fail(f"--history: {history!r} is not auto, raw or recorded", 2)
     try:
         policy = Policy(target_ratio=target, strategy=strategy)
     except PolicyError as error:
@@ -283,7 +291,6 @@ def recommend_command(
         basic_auth=auth, ca_bundle=ca_bundle, insecure=insecure, headers=headers,
         timeout_s=timeout, retries=retries,
     ))  # fmt: skip
-    window_s = int(match.group(1)) * _SECONDS[match.group(2)]
     specs: dict[WorkloadKey, ContainerSpec] = {}
     owners: Owners | None = None
     chosen: set[tuple[str, str]] | None = None  # Deployments the selector lets through
@@ -291,6 +298,14 @@ def recommend_command(
         specs, owners, chosen = _from_cluster(kubeconfig, namespace or [], wanted)
     elif wanted.requirements:
         chosen = _chosen_by_labels(source, namespace or [], wanted)
+    recorded = history == "recorded"
+    if history == "auto":
+        try:
+            recorded = recorded_covers(source, namespace or [], window)
+        except MetricsError as error:
+            raise fail(str(error), 1) from None
+    if recorded:
+        err.print("note: reading the series of unthrottle's recording rules", highlight=False)
     total = QUERIES_WITH_OWNERS - (2 if owners is not None else 0)
     with Progress(console=err, transient=True, disable=not err.is_terminal) as progress:
         task = progress.add_task("querying Prometheus", total=total)
@@ -300,7 +315,7 @@ def recommend_command(
 
         try:
             found = fetch(source, namespace or [], window, owners=owners, on_query=step,
-                          concurrency=concurrency)  # fmt: skip
+                          concurrency=concurrency, recorded=recorded)  # fmt: skip
         except MetricsError as error:
             raise fail(str(error), 1) from None
     if chosen is not None:
@@ -358,3 +373,8 @@ def recommend_command(
         output.write_text(text)
     else:
         sys.stdout.write(text)
+
+
+def prometheus_rules_command() -> None:
+    """Print the Prometheus recording rules that make `recommend` cheap on big clusters."""
+    sys.stdout.write(yaml.safe_dump(recording_rules(), sort_keys=False, width=1000))

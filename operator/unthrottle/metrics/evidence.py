@@ -26,7 +26,15 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from unthrottle.metrics.promql import BY_CONTAINER, counter_queries, namespaces_matcher, selector
+from unthrottle.metrics.promql import (
+    BY_CONTAINER,
+    RECORDED,
+    counter_queries,
+    namespaces_matcher,
+    recorded_query,
+    seconds,
+    selector,
+)
 from unthrottle.metrics.source import MetricsError, MetricsSource, Sample
 from unthrottle.model.owners import Owners
 from unthrottle.recommend.histogram import evidence_from_histogram, highest, quantile
@@ -127,8 +135,14 @@ def metric_of(promql: str) -> str:
     return match.group(0) if match else promql[:40]
 
 
-def queries(namespaces: list[str], window: str, *, with_owners: bool) -> dict[str, str]:
-    """Every query :func:`fetch` sends, by name, in the order its answers are used."""
+def queries(
+    namespaces: list[str], window: str, *, with_owners: bool, recorded: bool = False
+) -> dict[str, str]:
+    """Every query :func:`fetch` sends, by name, in the order its answers are used.
+
+    ``recorded``: counters and histogram from unthrottle's recording rules
+    (:func:`~unthrottle.metrics.promql.recording_rules`) instead of raw samples.
+    """
     ns = namespaces_matcher(namespaces)
     out = {}
     if with_owners:  # every owner seen in the window: pods that are gone count too
@@ -136,12 +150,34 @@ def queries(namespaces: list[str], window: str, *, with_owners: bool) -> dict[st
         pods = selector("kube_pod_owner", ns, 'owner_kind="ReplicaSet"')
         out["replicaset_owners"] = f"last_over_time({rs}[{window}])"
         out["pod_owners"] = f"last_over_time({pods}[{window}])"
-    out.update(counter_queries(namespaces, window))
-    bucket = selector("unthrottle_cpu_demand_cores_bucket", ns)
-    out["histogram"] = f"sum by ({BY_CONTAINER}, le) (increase({bucket}[{window}]))"
+    if recorded:
+        for name in ("usage_seconds", "periods", "throttled_periods", "throttled_seconds"):
+            out[name] = recorded_query(name, namespaces, window)
+        out["histogram"] = recorded_query("histogram", namespaces, window)
+    else:
+        out.update(counter_queries(namespaces, window))
+        bucket = selector("unthrottle_cpu_demand_cores_bucket", ns)
+        out["histogram"] = f"sum by ({BY_CONTAINER}, le) (increase({bucket}[{window}]))"
     out["limits"] = selector("kube_pod_container_resource_limits", ns, 'resource="cpu"')
     out["requests"] = selector("kube_pod_container_resource_requests", ns, 'resource="cpu"')
     return out
+
+
+def recorded_covers(
+    source: MetricsSource, namespaces: list[str], window: str, at: float | None = None
+) -> bool:
+    """Do unthrottle's recorded series reach back to the window's start (one small query)?
+
+    Rules installed yesterday cannot answer for a week: then the raw series must.
+    """
+    total = seconds(window)
+    ns = namespaces_matcher(namespaces)
+    recorded = selector(RECORDED["periods"], ns)
+    if total is None or total <= 900:
+        probe = f"count(count_over_time({recorded}[{window}]))"
+    else:  # the first 15 minutes of the window: three evaluations at the 5 m interval
+        probe = f"count(count_over_time({recorded}[15m] offset {total - 900}s))"
+    return bool(source.instant(probe, at))
 
 
 def _namespaces_of(owners: Owners | None) -> list[str]:
@@ -198,6 +234,7 @@ def fetch(
     owners: Owners | None = None,
     on_query: Callable[[str], None] | None = None,
     concurrency: int = CONCURRENCY,
+    recorded: bool = False,
 ) -> dict[WorkloadKey, ContainerEvidence]:
     """Every Deployment container of these namespaces (all when empty), with its evidence.
 
@@ -205,7 +242,8 @@ def fetch(
     kube-state-metrics is asked (two more queries). Pods gone before the end of the
     window are counted: :class:`Owners` knows them by name.
     Up to ``concurrency`` queries are in flight; answers are used in a fixed order, and
-    ``on_query`` hears each query's metric as its answer is used.
+    ``on_query`` hears each query's metric as its answer is used. ``recorded`` reads the
+    counters and histogram from unthrottle's recording rules (see :func:`recorded_covers`).
 
     A query Prometheus refuses as too big (samples, time) is sent again once per
     namespace: the namespaces asked for, else those of the owners known by then. If it
@@ -213,7 +251,7 @@ def fetch(
     not yet sent are not sent.
     """
     with_owners = owners is None
-    sent = queries(namespaces, window, with_owners=with_owners)
+    sent = queries(namespaces, window, with_owners=with_owners, recorded=recorded)
 
     def split(name: str, error: MetricsError) -> list[Sample]:
         parts = sorted(set(namespaces)) if namespaces else _namespaces_of(owners)
@@ -222,7 +260,8 @@ def fetch(
         _log.warning("%s; sending it once per namespace instead (%d queries)", error, len(parts))
         out: list[Sample] = []
         for ns in parts:
-            out += source.instant(queries([ns], window, with_owners=with_owners)[name], at)
+            part = queries([ns], window, with_owners=with_owners, recorded=recorded)[name]
+            out += source.instant(part, at)
         return out
 
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
