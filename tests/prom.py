@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.request
@@ -38,11 +39,16 @@ class PrometheusServer:
     """
 
     def __init__(self, folder: Path, *, scrape: str = "", openmetrics: str = "",
-                 tsdb: Path | None = None, flags: tuple[str, ...] = ()) -> None:  # fmt: skip
+                 tsdb: Path | None = None, flags: tuple[str, ...] = (),
+                 tls: tuple[Path, Path] | None = None) -> None:  # fmt: skip
         self.folder = folder
         self.flags = flags
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+        if tls:  # (certificate, key): Prometheus serves HTTPS only
+            web = folder / "web.yml"
+            web.write_text(f"tls_server_config:\n  cert_file: {tls[0]}\n  key_file: {tls[1]}\n")
+            self.flags = (*flags, f"--web.config.file={web}")
         self.tsdb = tsdb or folder / "tsdb"
         self.config = folder / "prometheus.yml"
         self.config.write_text(
@@ -67,7 +73,9 @@ class PrometheusServer:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as reply:
+                unverified = ssl._create_unverified_context()  # readiness only
+                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1,
+                                            context=unverified) as reply:  # fmt: skip
                     if reply.status == 200:
                         return self
             except OSError:

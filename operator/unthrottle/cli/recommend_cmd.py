@@ -259,6 +259,9 @@ def recommend_command(
     """Recommend CPU limits, burst and GOMAXPROCS for Deployments from Prometheus metrics."""
     if fmt not in {"table", "json", "yaml", "csv"}:
         raise fail(f"--format: {fmt!r} is not table, json, yaml or csv", 2)
+    if insecure:
+        err.print("note: --insecure: the Prometheus server's certificate is not checked",
+                  highlight=False)  # fmt: skip
     window_s = seconds(window)
     if window_s is None or window_s <= 0:
         raise fail(f"--window: {window!r} is not a duration such as 7d, 24h or 30m", 2)

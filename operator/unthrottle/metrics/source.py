@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
@@ -17,6 +18,7 @@ from typing import Any, NamedTuple, Protocol
 import requests
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
+from urllib3.exceptions import InsecureRequestWarning
 from urllib3.util.retry import Retry
 
 _TOO_BIG = ("too many samples", "timeout", "deadline exceeded", "limit")
@@ -75,6 +77,8 @@ class PrometheusSource:
 
     def __init__(self, config: PrometheusConfig) -> None:
         self.config = config
+        if config.insecure:  # asked for: say it once (the CLI does), not on every query
+            warnings.filterwarnings("ignore", category=InsecureRequestWarning)
         session = requests.Session()
         session.verify = str(config.ca_bundle) if config.ca_bundle else not config.insecure
         retry = Retry(
