@@ -14,6 +14,7 @@ import socket
 import ssl
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from types import TracebackType
@@ -40,15 +41,20 @@ class PrometheusServer:
 
     def __init__(self, folder: Path, *, scrape: str = "", openmetrics: str = "",
                  tsdb: Path | None = None, flags: tuple[str, ...] = (),
-                 tls: tuple[Path, Path] | None = None) -> None:  # fmt: skip
+                 tls: tuple[Path, Path] | None = None,
+                 users: dict[str, str] | None = None) -> None:  # fmt: skip
         self.folder = folder
         self.flags = flags
         self.port = free_port()
         self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+        web = ""
         if tls:  # (certificate, key): Prometheus serves HTTPS only
-            web = folder / "web.yml"
-            web.write_text(f"tls_server_config:\n  cert_file: {tls[0]}\n  key_file: {tls[1]}\n")
-            self.flags = (*flags, f"--web.config.file={web}")
+            web += f"tls_server_config:\n  cert_file: {tls[0]}\n  key_file: {tls[1]}\n"
+        if users:  # name → bcrypt hash: Prometheus's own basic auth
+            web += "basic_auth_users:\n" + "".join(f"  {u}: '{h}'\n" for u, h in users.items())
+        if web:
+            (folder / "web.yml").write_text(web)
+            self.flags = (*flags, f"--web.config.file={folder / 'web.yml'}")
         self.tsdb = tsdb or folder / "tsdb"
         self.config = folder / "prometheus.yml"
         self.config.write_text(
@@ -78,6 +84,10 @@ class PrometheusServer:
                                             context=unverified) as reply:  # fmt: skip
                     if reply.status == 200:
                         return self
+            except urllib.error.HTTPError as err:
+                if err.code == 401:  # up, and asking for the credentials it was given
+                    return self
+                time.sleep(0.1)
             except OSError:
                 time.sleep(0.1)
         self.__exit__(None, None, None)
