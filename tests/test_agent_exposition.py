@@ -97,3 +97,46 @@ def test_agent_logs_are_one_json_object_per_line() -> None:
     entry = json.loads(JsonFormatter().format(record))
     assert entry["level"] == "warning" and entry["msg"] == "cannot read a/b"
     assert entry["logger"] == "unthrottle.agent" and entry["ts"].endswith("Z")
+
+
+@pytest.mark.kernel
+def test_idle_windows_count_as_zero_and_nothing_is_lost_when_the_cgroup_runs(
+    layout: Layout,
+) -> None:
+    import subprocess
+    import sys
+    import time
+
+    cg = Cgroup(layout, f"unthrottle-test-idle-{os.getpid()}")
+    cg.create()
+    child = None
+    try:
+        cg.write_bandwidth(Bandwidth(30_000))
+        sampler = Sampler(layout, lambda known: [Found(cg.path, "", "x", "")])
+        sampler.refresh()
+        series = sampler.series[cg.path]
+        for _ in range(5):  # nothing runs: five windows of zero demand
+            time.sleep(0.02)
+            sampler.sample()
+        assert series.total == series.counts[0] == 5 and series.sum_cores == 0
+        code = "import time\nend = time.monotonic() + 0.6\nwhile time.monotonic() < end: pass"
+        child = subprocess.Popen([sys.executable, "-c", code])
+        cg.add_process(child.pid)
+        while child.poll() is None:  # busy windows, then idle ones once it has ended
+            time.sleep(0.1)
+            sampler.sample()
+        for _ in range(3):
+            time.sleep(0.1)
+            sampler.sample()
+        stat = cg.read_stat()
+        # every µs of usage + throttled time is in some window: none was skipped
+        # (±1 µs: the agent rounds usage + throttled ns once, cpu.stat's figures each)
+        assert abs(series.last_demand_us - (stat.usage_us + stat.throttled_us)) <= 1
+        assert series.counts[0] >= 8  # the idle windows before and after
+        assert series.sum_cores > 3  # about 1 core of demand in each busy window
+    finally:
+        if child is not None and child.poll() is None:
+            child.kill()
+            child.wait()
+        sampler.close()
+        cg.remove()

@@ -50,6 +50,22 @@ class Series:
     total: int = 0
     sum_cores: float = 0.0
     recent: collections.deque[float] = field(default_factory=collections.deque)
+    last_usage_ns: int = -1
+    """``cpuacct.usage`` at the last window (cgroup v1; -1 on v2 or before the first)."""
+
+    def idle(self, now_ns: int, keep: int) -> None:
+        """Account a window in which the cgroup did not run: zero demand, nothing read but
+        its usage. Throttled time cannot grow without running first; if it ever does,
+        it is counted in the next window that reads cpu.stat, not lost."""
+        if now_ns <= self.last_ns:
+            return
+        self.counts[0] += 1
+        self.total += 1
+        recent = self.recent
+        recent.append(0.0)
+        if len(recent) > keep:
+            recent.popleft()
+        self.last_ns = now_ns
 
     def observe(self, demand_us: int, now_ns: int, keep: int) -> None:
         """Account one window ending now, given cumulative usage + throttled time."""
@@ -136,8 +152,17 @@ class Sampler:
         gone = []
         with self.lock:
             for path, series in self.series.items():
+                reader = series.reader
                 try:
-                    demand = series.reader.demand()
+                    if reader.usage_apart:  # v1: cpu.stat only when the cgroup ran
+                        usage = reader.usage_ns()
+                        if usage == series.last_usage_ns:
+                            series.idle(time.monotonic_ns(), keep)
+                            continue
+                        series.last_usage_ns = usage
+                        demand = reader.demand_with(usage)
+                    else:
+                        demand = reader.demand()
                 except Vanished:
                     gone.append(path)
                     continue
