@@ -89,7 +89,8 @@ def test_recommend_reads_what_the_agent_sampled_and_sizes_the_demand(
     # a busy thread under 0.6 CPU is throttled in nearly every period
     assert app["throttle_ratio"] is not None and app["throttle_ratio"] >= 0.8
     rec = app["recommendation"]
-    # Its demand is one core per window. The histogram knows it to a bucket (0.9, 1, 1.25
-    # cores around it), so: 900m or more, plus headroom, within the 2× step (1200m).
-    assert 900 <= rec["limit_millicores"] <= 1200, rec
+    # Its demand is one core per window (a little less when the 2-core machine is busy).
+    # The histogram knows it to a bucket (0.75, 0.9, 1, 1.25 cores around it), so: well
+    # above today's 600m, at most the 2× step (1200m).
+    assert 800 <= rec["limit_millicores"] <= 1200, rec
     assert rec["expected_throttle_ratio"] <= 0.05
