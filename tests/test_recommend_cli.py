@@ -248,3 +248,12 @@ def test_a_selector_chooses_deployments_by_their_labels_in_the_api(
     assert out.returncode == 0, out.stderr
     # "batch" (back) and "fresh" (no tier): a missing label is "not front", as kubectl has it
     assert {w["deployment"] for w in json.loads(out.stdout)["workloads"]} == {"batch", "fresh"}
+
+
+@requires_prometheus
+def test_top_keeps_the_most_harmful_and_says_how_many_were_left_out(prometheus: str) -> None:
+    out = cli("--prometheus", prometheus, "--no-cluster", "--namespace", "shop",
+              "--window", "1h", "--format", "json", "--top", "1")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert [w["deployment"] for w in json.loads(out.stdout)["workloads"]] == ["api"]
+    assert "the 1 most harmful of 3 Deployments" in out.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -137,7 +138,9 @@ def render(doc: dict[str, Any], fmt: str) -> str:
         table.add_column(name.replace("_", " ").replace("p99 max", "p99 / max"), overflow="fold")
     for r in rows:
         table.add_row(*(str(r[c]) for c in columns))
-    console = Console(file=io.StringIO(), width=200)
+    # as wide as the terminal when there is one (never narrower than 120), else 200
+    width = max(120, shutil.get_terminal_size((200, 24)).columns) if sys.stdout.isatty() else 200
+    console = Console(file=io.StringIO(), width=width)
     console.print(table)
     return console.file.getvalue()  # type: ignore[attr-defined, no-any-return]
 
@@ -239,6 +242,10 @@ def recommend_command(
     ] = None,
     retries: Annotated[int, typer.Option(help="Retries on errors and 429/5xx, backing off.")] = 3,
     concurrency: Annotated[int, typer.Option(help="Queries in flight at once.")] = CONCURRENCY,
+    top: Annotated[
+        int | None,
+        typer.Option(show_default=False, help="Only the N most harmful Deployments."),
+    ] = None,
     history: Annotated[
         str,
         typer.Option(
@@ -281,8 +288,8 @@ def recommend_command(
         if not sep or not user:
             raise fail("--basic-auth: expected USER:PASSWORD", 2)
         auth = (user, password)
-    if retries < 0 or concurrency < 1 or (jobs_option is not None and jobs_option < 1):
-        raise fail("--retries must be 0 or more, --concurrency and --jobs 1 or more", 2)
+    if retries < 0 or concurrency < 1 or any(n is not None and n < 1 for n in (jobs_option, top)):
+        raise fail("--retries must be 0 or more; --concurrency, --jobs and --top 1 or more", 2)
     headers = {}
     for pair in header or []:
         name, sep, value = pair.partition("=")
@@ -371,7 +378,12 @@ def recommend_command(
         if key in found:
             found[key].gomaxprocs_env = spec.gomaxprocs_env
             found[key].burst_us = spec.burst_us
-    text = render(document(found, recs, window, target), fmt)
+    doc = document(found, recs, window, target)
+    if top is not None and len(doc["workloads"]) > top:
+        err.print(f"note: showing the {top} most harmful of {len(doc['workloads'])} "
+                  "Deployments (--top)", highlight=False)  # fmt: skip
+        doc["workloads"] = doc["workloads"][:top]
+    text = render(doc, fmt)
     if output is not None:
         output.write_text(text)
     else:
