@@ -330,10 +330,13 @@ def recommend_command(
             raise fail(str(error), 1) from None
     if chosen is not None:
         found = {k: v for k, v in found.items() if (k.namespace, k.deployment) in chosen}
-    for key, spec in specs.items():  # Deployments with no series at all are still listed
-        found.setdefault(key, ContainerEvidence(key))
-        found[key].limit_millicores = spec.limit_millicores
-        found[key].request_millicores = spec.request_millicores
+    for key, spec in specs.items():  # the API's settings; Deployments with no series listed
+        item = found.setdefault(key, ContainerEvidence(key))
+        item.limit_millicores, item.request_millicores = (
+            spec.limit_millicores,
+            spec.request_millicores,
+        )
+        item.gomaxprocs_env, item.burst_us = spec.gomaxprocs_env, spec.burst_us
     where = ", ".join(namespace) if namespace else "any namespace"
     if selector.strip():
         where += f" matching {selector.strip()!r}"
@@ -367,17 +370,13 @@ def recommend_command(
             min(item.request_millicores, item.limit_millicores or 10**9),
             runtime=known.runtime if known else Runtime.UNKNOWN,
             go_at_least_1_25=False,  # unknown from outside the image: assume an older Go
-            gomaxprocs_env=known.gomaxprocs_env if known else None,
-            burst_us=known.burst_us if known else 0,
+            gomaxprocs_env=item.gomaxprocs_env,
+            burst_us=item.burst_us,
         )
         jobs.append((item, current, policy, window_s))
     recs: dict[Any, Recommendation | None] = dict(
         zip(found, advise_all(jobs, jobs_option), strict=True)
     )
-    for key, spec in specs.items():
-        if key in found:
-            found[key].gomaxprocs_env = spec.gomaxprocs_env
-            found[key].burst_us = spec.burst_us
     doc = document(found, recs, window, target)
     if top is not None and len(doc["workloads"]) > top:
         err.print(f"note: showing the {top} most harmful of {len(doc['workloads'])} "

@@ -24,8 +24,9 @@ import re
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from unthrottle.cfs.settings import DEFAULT_PERIOD_US
 from unthrottle.metrics.promql import (
     BY_CONTAINER,
     RECORDED,
@@ -40,7 +41,6 @@ from unthrottle.model.owners import Owners
 from unthrottle.recommend.histogram import evidence_from_histogram, highest, quantile
 from unthrottle.recommend.types import CounterEvidence, PeriodEvidence
 
-DEFAULT_PERIOD_US = 100_000
 _log = logging.getLogger(__name__)
 
 
@@ -68,9 +68,9 @@ class ContainerEvidence:
     limit_millicores: int | None = None
     request_millicores: int = 0
     gomaxprocs_env: int | None = None
+    """An explicit GOMAXPROCS in the container's environment (cluster mode only)."""
     burst_us: int = 0
     """The burst its pod template asks for (cluster mode only)."""
-    """An explicit GOMAXPROCS in the container's environment (cluster mode only)."""
 
     @property
     def kind(self) -> str:
@@ -100,8 +100,7 @@ class ContainerEvidence:
         (to the bucket it fell in); None without the histogram."""
         if self.kind != "period":
             return None
-        bounds = sorted(self.buckets)
-        counts = [self.buckets[b] for b in bounds]
+        bounds, counts = self._histogram()
         p50, p99 = quantile(bounds, counts, 0.5), quantile(bounds, counts, 0.99)
         return {
             "p50_millicores": round((p50 or 0.0) * 1000),
@@ -111,15 +110,13 @@ class ContainerEvidence:
 
     def period_evidence(self, period_us: int = DEFAULT_PERIOD_US) -> PeriodEvidence:
         """Period-level evidence rebuilt from the agent's histogram."""
+        evidence = evidence_from_histogram(*self._histogram(), period_us=period_us)
+        return replace(evidence, observed_throttle_ratio=self.throttle_ratio())
+
+    def _histogram(self) -> tuple[list[float], list[float]]:
+        """Bucket bounds in order, and their cumulative counts."""
         bounds = sorted(self.buckets)
-        evidence = evidence_from_histogram(
-            bounds, [self.buckets[b] for b in bounds], period_us=period_us
-        )
-        ratio = self.throttle_ratio()
-        return PeriodEvidence(
-            evidence.demand_us, period_us, observed_throttle_ratio=ratio,
-            stands_for=evidence.stands_for,
-        )  # fmt: skip
+        return bounds, [self.buckets[b] for b in bounds]
 
 
 QUERIES_WITH_OWNERS = 9
@@ -127,6 +124,14 @@ QUERIES_WITH_OWNERS = 9
 CONCURRENCY = 3
 """Queries in flight at once: Prometheus evaluates them in parallel while this process
 decodes the last answer. Prometheus's own default limit is 20 (``--query.max-concurrency``)."""
+
+
+_COUNTER_FIELDS = {  # query name → ContainerEvidence field
+    "usage_seconds": "usage_s",
+    "periods": "periods",
+    "throttled_periods": "throttled_periods",
+    "throttled_seconds": "throttled_s",
+}
 
 
 def metric_of(promql: str) -> str:
@@ -151,9 +156,8 @@ def queries(
         out["replicaset_owners"] = f"last_over_time({rs}[{window}])"
         out["pod_owners"] = f"last_over_time({pods}[{window}])"
     if recorded:
-        for name in ("usage_seconds", "periods", "throttled_periods", "throttled_seconds"):
+        for name in (*_COUNTER_FIELDS, "histogram"):
             out[name] = recorded_query(name, namespaces, window)
-        out["histogram"] = recorded_query("histogram", namespaces, window)
     else:
         out.update(counter_queries(namespaces, window))
         bucket = selector("unthrottle_cpu_demand_cores_bucket", ns)
@@ -215,14 +219,6 @@ def deployment_labels(
         (s.labels.get("namespace", ""), s.labels.get("deployment", "")): s.labels
         for s in source.instant(selector("kube_deployment_labels", ns), at)
     }
-
-
-_COUNTER_FIELDS = {
-    "usage_seconds": "usage_s",
-    "periods": "periods",
-    "throttled_periods": "throttled_periods",
-    "throttled_seconds": "throttled_s",
-}
 
 
 def fetch(
