@@ -57,22 +57,20 @@ class Series:
         """Account a window in which the cgroup did not run: zero demand, nothing read but
         its usage. Throttled time cannot grow without running first; if it ever does,
         it is counted in the next window that reads cpu.stat, not lost."""
-        if now_ns <= self.last_ns:
-            return
-        self.counts[0] += 1
-        self.total += 1
-        recent = self.recent
-        recent.append(0.0)
-        if len(recent) > keep:
-            recent.popleft()
-        self.last_ns = now_ns
+        if now_ns > self.last_ns:
+            self._record(0.0, keep)
+            self.last_ns = now_ns
 
     def observe(self, demand_us: int, now_ns: int, keep: int) -> None:
         """Account one window ending now, given cumulative usage + throttled time."""
         elapsed_us = (now_ns - self.last_ns) / 1000
         if elapsed_us <= 0:
             return
-        demand = max(0, demand_us - self.last_demand_us) / elapsed_us
+        self._record(max(0, demand_us - self.last_demand_us) / elapsed_us, keep)
+        self.last_demand_us, self.last_ns = demand_us, now_ns
+
+    def _record(self, demand: float, keep: int) -> None:
+        """Count one window's demand (cores) in the histogram and the trailing peak."""
         self.counts[bisect.bisect_left(BUCKETS_CORES, demand)] += 1
         self.total += 1
         self.sum_cores += demand
@@ -80,7 +78,6 @@ class Series:
         recent.append(demand)
         if len(recent) > keep:
             recent.popleft()
-        self.last_demand_us, self.last_ns = demand_us, now_ns
 
     @property
     def peak(self) -> float:

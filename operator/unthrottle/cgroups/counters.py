@@ -90,19 +90,8 @@ class CounterReader:
         )
 
     def usage_ns(self) -> int:
-        """``cpuacct.usage`` alone (cgroup v1): one read, to tell an idle cgroup cheaply.
-
-        The hottest call of the agent (every cgroup, every window): ``pread`` inline.
-        """
-        try:
-            data = os.pread(self._usage, 64, 0)
-        except OSError as err:
-            if err.errno in _GONE:
-                raise Vanished(self.cgroup.path) from None
-            raise
-        if not data:
-            raise Vanished(self.cgroup.path)
-        return int(data)
+        """``cpuacct.usage`` alone (cgroup v1): one read, to tell an idle cgroup cheaply."""
+        return int(self._pread(self._usage))
 
     def demand_with(self, usage_ns: int) -> int:
         """Usage + throttled time so far, µs, given a ``cpuacct.usage`` just read (cgroup v1)."""
@@ -110,11 +99,10 @@ class CounterReader:
 
     def demand(self) -> int:
         """Usage + throttled time so far, µs: the one number each window needs."""
+        if self.usage_apart:
+            return self.demand_with(self.usage_ns())
         parts = self._pread(self._stat).split()
-        at = self._at
-        if self.v2:
-            return int(parts[at[0]]) + int(parts[at[3]])
-        return (int(self._pread(self._usage)) + int(parts[at[3]])) // 1000
+        return int(parts[self._at[0]]) + int(parts[self._at[3]])
 
     def bandwidth(self) -> Bandwidth:
         """Quota, period and burst in force (read rarely: at discovery)."""
