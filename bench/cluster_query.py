@@ -243,7 +243,7 @@ def main() -> int:
         def ours(concurrency: int) -> Callable[[], None]:
             def run() -> None:
                 found.clear()
-                found.update(fetch(source, [], window, at=at, concurrency=concurrency))
+                found.update(fetch(source, [], args.days * 86_400, at=at, concurrency=concurrency))
 
             return run
 
@@ -255,7 +255,7 @@ def main() -> int:
         instances = sum(len(item.pods) for item in found.values())
         with_period = sum(1 for item in found.values() if item.kind == "period")
         raw = Raw(prom.url, at)
-        sent = list(queries([], window, with_owners=True).values())
+        sent = list(queries([], args.days * 86_400, with_owners=True).values())
         assert len(sent) == n_queries, (sent, n_queries)
         raw_s = timed(args.repeat, lambda: [raw.send(q) for q in sent])
         answer_bytes = sum(raw.send(q) for q in sent)

@@ -88,7 +88,7 @@ def test_deployments_get_their_evidence_in_nine_queries(tmp_path: Path) -> None:
     with PrometheusServer(tmp_path, openmetrics=history(now)) as prom:
         source = PrometheusSource(PrometheusConfig(prom.url))
         announced: list[str] = []
-        found = fetch(source, ["shop"], "1h", at=now, on_query=announced.append)
+        found = fetch(source, ["shop"], 3600, at=now, on_query=announced.append)
     assert source.queries == 9 == len(announced)
     assert "container_cpu_cfs_periods_total" in announced
     assert set(found) == {WorkloadKey("shop", "api", "api"), WorkloadKey("shop", "batch", "main"),
@@ -140,7 +140,7 @@ def test_agent_counters_fill_in_where_cadvisor_has_none(tmp_path: Path) -> None:
     series(lines, "unthrottle_cpu_cfs_periods_total", agent, 10, now)
     series(lines, "unthrottle_cpu_cfs_throttled_periods_total", agent, 7, now)
     with PrometheusServer(tmp_path, openmetrics="\n".join(lines) + "\n") as prom:
-        found = fetch(PrometheusSource(PrometheusConfig(prom.url)), ["ops"], "1h", at=now)
+        found = fetch(PrometheusSource(PrometheusConfig(prom.url)), ["ops"], 3600, at=now)
     counted = found[WorkloadKey("ops", "both", "c")]
     assert counted.periods == pytest.approx(36_000, rel=0.02)  # cAdvisor's, not summed twice
     assert counted.throttle_ratio() == pytest.approx(0.2, abs=0.01)
@@ -155,7 +155,7 @@ def test_a_query_prometheus_refuses_is_an_error_naming_its_reason(tmp_path: Path
         source = PrometheusSource(PrometheusConfig(prom.url))
         began = time.monotonic()
         with pytest.raises(MetricsError) as caught:
-            fetch(source, ["shop"], "1h", at=now)
+            fetch(source, ["shop"], 3600, at=now)
         took = time.monotonic() - began
     assert "too many samples" in str(caught.value)
     assert "narrow it with --namespace or a shorter --window" in str(caught.value)
@@ -183,8 +183,8 @@ def test_a_query_too_big_for_prometheus_is_sent_again_per_namespace(
     with PrometheusServer(tmp_path, openmetrics="\n".join(lines) + "\n", flags=flags) as prom:
         source = PrometheusSource(PrometheusConfig(prom.url))
         with pytest.raises(MetricsError):  # the whole thing at once is refused
-            source.instant(queries(["n1", "n2"], "1h", with_owners=True)["periods"], now)
-        found = fetch(source, ["n1", "n2"], "1h", at=now)
+            source.instant(queries(["n1", "n2"], 3600, with_owners=True)["periods"], now)
+        found = fetch(source, ["n1", "n2"], 3600, at=now)
     assert len(found) == 120
     for ns in ("n1", "n2"):
         item = found[WorkloadKey(ns, "app30", "c")]

@@ -59,10 +59,10 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, in
 def test_recorded_series_give_the_evidence_raw_samples_give(recorded: tuple[str, int]) -> None:
     url, now = recorded
     source = PrometheusSource(PrometheusConfig(url))
-    assert recorded_covers(source, ["shop"], "1h", at=now)
-    assert not recorded_covers(source, ["shop"], "1d", at=now)  # rules younger than a day
-    raw = fetch(source, ["shop"], "1h", at=now)
-    rec = fetch(source, ["shop"], "1h", at=now, recorded=True)
+    assert recorded_covers(source, ["shop"], 3600, at=now)
+    assert not recorded_covers(source, ["shop"], 86400, at=now)  # rules younger than a day
+    raw = fetch(source, ["shop"], 3600, at=now)
+    rec = fetch(source, ["shop"], 3600, at=now, recorded=True)
     assert set(rec) == set(raw)
     for key in (WorkloadKey("shop", "api", "api"), WorkloadKey("shop", "batch", "main")):
         a, b = raw[key], rec[key]

@@ -311,7 +311,7 @@ def recommend_command(
     recorded = history == "recorded"
     if history == "auto":
         try:
-            recorded = recorded_covers(source, namespace or [], window)
+            recorded = recorded_covers(source, namespace or [], window_s)
         except MetricsError as error:
             raise fail(str(error), 1) from None
     if recorded:
@@ -324,7 +324,7 @@ def recommend_command(
             progress.update(task, advance=1, description=f"querying {metric}")
 
         try:
-            found = fetch(source, namespace or [], window, owners=owners, on_query=step,
+            found = fetch(source, namespace or [], window_s, owners=owners, on_query=step,
                           concurrency=concurrency, recorded=recorded)  # fmt: skip
         except MetricsError as error:
             raise fail(str(error), 1) from None

@@ -31,9 +31,9 @@ from unthrottle.metrics.promql import (
     BY_CONTAINER,
     RECORDED,
     counter_queries,
+    duration,
     namespaces_matcher,
     recorded_query,
-    seconds,
     selector,
 )
 from unthrottle.metrics.source import MetricsError, MetricsSource, Sample
@@ -141,7 +141,7 @@ def metric_of(promql: str) -> str:
 
 
 def queries(
-    namespaces: list[str], window: str, *, with_owners: bool, recorded: bool = False
+    namespaces: list[str], window_s: int, *, with_owners: bool, recorded: bool = False
 ) -> dict[str, str]:
     """Every query :func:`fetch` sends, by name, in the order its answers are used.
 
@@ -149,6 +149,7 @@ def queries(
     (:func:`~unthrottle.metrics.promql.recording_rules`) instead of raw samples.
     """
     ns = namespaces_matcher(namespaces)
+    window = duration(window_s)
     out = {}
     if with_owners:  # every owner seen in the window: pods that are gone count too
         rs = selector("kube_replicaset_owner", ns, 'owner_kind="Deployment"')
@@ -157,9 +158,9 @@ def queries(
         out["pod_owners"] = f"last_over_time({pods}[{window}])"
     if recorded:
         for name in (*_COUNTER_FIELDS, "histogram"):
-            out[name] = recorded_query(name, namespaces, window)
+            out[name] = recorded_query(name, namespaces, window_s)
     else:
-        out.update(counter_queries(namespaces, window))
+        out.update(counter_queries(namespaces, window_s))
         bucket = selector("unthrottle_cpu_demand_cores_bucket", ns)
         out["histogram"] = f"sum by ({BY_CONTAINER}, le) (increase({bucket}[{window}]))"
     out["limits"] = selector("kube_pod_container_resource_limits", ns, 'resource="cpu"')
@@ -168,17 +169,17 @@ def queries(
 
 
 def recorded_covers(
-    source: MetricsSource, namespaces: list[str], window: str, at: float | None = None
+    source: MetricsSource, namespaces: list[str], window_s: int, at: float | None = None
 ) -> bool:
     """Do unthrottle's recorded series reach back to the window's start (one small query)?
 
     Rules installed yesterday cannot answer for a week: then the raw series must.
     """
-    total = seconds(window)
+    total = window_s
     ns = namespaces_matcher(namespaces)
     recorded = selector(RECORDED["periods"], ns)
-    if total is None or total <= 900:
-        probe = f"count(count_over_time({recorded}[{window}]))"
+    if total <= 900:
+        probe = f"count(count_over_time({recorded}[{duration(window_s)}]))"
     else:  # the first 15 minutes of the window: three evaluations at the 5 m interval
         probe = f"count(count_over_time({recorded}[15m] offset {total - 900}s))"
     return bool(source.instant(probe, at))
@@ -224,7 +225,7 @@ def deployment_labels(
 def fetch(
     source: MetricsSource,
     namespaces: list[str],
-    window: str,
+    window_s: int,
     *,
     at: float | None = None,
     owners: Owners | None = None,
@@ -247,7 +248,7 @@ def fetch(
     not yet sent are not sent.
     """
     with_owners = owners is None
-    sent = queries(namespaces, window, with_owners=with_owners, recorded=recorded)
+    sent = queries(namespaces, window_s, with_owners=with_owners, recorded=recorded)
 
     def split(name: str, error: MetricsError) -> list[Sample]:
         parts = sorted(set(namespaces)) if namespaces else _namespaces_of(owners)
@@ -256,7 +257,7 @@ def fetch(
         _log.warning("%s; sending it once per namespace instead (%d queries)", error, len(parts))
         out: list[Sample] = []
         for ns in parts:
-            part = queries([ns], window, with_owners=with_owners, recorded=recorded)[name]
+            part = queries([ns], window_s, with_owners=with_owners, recorded=recorded)[name]
             out += source.instant(part, at)
         return out
 

@@ -66,14 +66,21 @@ AGENT_COUNTERS = {
 """cAdvisor's counters and the agent's copies of the same ``cpu.stat`` fields."""
 
 
-def counter_queries(namespaces: Iterable[str], window: str) -> dict[str, str]:
+def duration(window_s: int) -> str:
+    """Seconds as a PromQL range (``86400s``): the window is parsed once, at the edge."""
+    if window_s < 1:
+        raise ValueError(f"a range of {window_s} s is not positive")
+    return f"{int(window_s)}s"
+
+
+def counter_queries(namespaces: Iterable[str], window_s: int) -> dict[str, str]:
     """One query per CPU counter for every container of these namespaces, over ``window``.
 
     cAdvisor's series are preferred; where a container has none (a cluster that
     scrapes only the agent), the agent's copy fills in, in the same query
     (``or`` keeps the left side's series and adds the right side's others).
     """
-    return _counters((namespaces_matcher(namespaces), *CONTAINERS), window)
+    return _counters((namespaces_matcher(namespaces), *CONTAINERS), duration(window_s))
 
 
 def _counters(matchers: tuple[str, ...], window: str) -> dict[str, str]:
@@ -128,8 +135,8 @@ def recording_rules() -> dict[str, object]:
     return {"groups": [{"name": "unthrottle", "interval": RULE_INTERVAL, "rules": rules}]}
 
 
-def recorded_query(name: str, namespaces: Iterable[str], window: str) -> str:
+def recorded_query(name: str, namespaces: Iterable[str], window_s: int) -> str:
     """A window's total from a recorded series, per container (and ``le``)."""
     by = f"{BY_CONTAINER}, le" if name == "histogram" else BY_CONTAINER
     ns = namespaces_matcher(namespaces)
-    return f"sum by ({by}) (sum_over_time({selector(RECORDED[name], ns)}[{window}]))"
+    return f"sum by ({by}) (sum_over_time({selector(RECORDED[name], ns)}[{duration(window_s)}]))"
