@@ -19,72 +19,24 @@ from rich.table import Table
 
 from unthrottle.cfs.settings import format_cpu
 from unthrottle.cli.common import err, fail, load_kube_config
-from unthrottle.kube.workloads import ContainerSpec, KubeWorkloadStore
-from unthrottle.metrics.advise import Job, advise_all
-from unthrottle.metrics.evidence import (
-    CONCURRENCY,
-    QUERIES_WITH_OWNERS,
-    ContainerEvidence,
-    WorkloadKey,
-    deployment_labels,
-    fetch,
-    recorded_covers,
+from unthrottle.cli.prometheus_opts import (
+    BasicAuth,
+    BearerToken,
+    BearerTokenFile,
+    CaBundle,
+    Header,
+    Insecure,
+    Retries,
+    Timeout,
+    prometheus_config,
 )
+from unthrottle.kube.workloads import KubeWorkloadStore
+from unthrottle.metrics.evidence import CONCURRENCY, QUERIES_WITH_OWNERS
 from unthrottle.metrics.promql import recording_rules, seconds
-from unthrottle.metrics.source import MetricsError, PrometheusConfig, PrometheusSource
-from unthrottle.model.owners import Owners
-from unthrottle.model.selector import Selector, SelectorError, parse_selector
-from unthrottle.recommend import (
-    Current,
-    Policy,
-    PolicyError,
-    Recommendation,
-    Runtime,
-    Strategy,
-)
-
-
-def _row(item: ContainerEvidence, rec: Recommendation | None) -> dict[str, Any]:
-    return {
-        "name": item.key.container,
-        "current": {
-            "limit_millicores": item.limit_millicores,
-            "request_millicores": item.request_millicores,
-            "burst_us": item.burst_us,
-            "gomaxprocs": item.gomaxprocs_env,
-        },
-        "throttle_ratio": item.throttle_ratio(),
-        "demand": item.demand_millicores(),
-        "evidence": item.kind,
-        "pods": len(item.pods),
-        "recommendation": None if rec is None else rec.to_json(),
-    }
-
-
-def harm(row: dict[str, Any], target: float) -> float:
-    """Throttling × how far over the target: the order people should look in."""
-    ratio = row["throttle_ratio"] or 0.0
-    return ratio * max(0.0, ratio - target)
-
-
-def document(found: dict[Any, ContainerEvidence], recs: dict[Any, Recommendation | None],
-             window: str, target: float) -> dict[str, Any]:  # fmt: skip
-    """The JSON document of issue 5 (fields may be added, never removed)."""
-    workloads: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for key in sorted(found):
-        workloads.setdefault((key.namespace, key.deployment), []).append(
-            _row(found[key], recs[key])
-        )
-    ordered = sorted(workloads.items(), key=lambda kv: -max(harm(r, target) for r in kv[1]))
-    return {
-        "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "window": window,
-        "target": target,
-        "workloads": [
-            {"namespace": ns, "deployment": deploy, "containers": rows}
-            for (ns, deploy), rows in ordered
-        ],
-    }
+from unthrottle.metrics.source import MetricsError, PrometheusSource
+from unthrottle.model.selector import SelectorError, parse_selector
+from unthrottle.recommend import Policy, PolicyError, Strategy
+from unthrottle.scan import History, ScanError, ScanRequest, assess, gather, select
 
 
 def _cpu(millicores: int | None) -> str:
@@ -152,44 +104,6 @@ def _store(kubeconfig: Path | None) -> KubeWorkloadStore:
     return KubeWorkloadStore(client.CoreV1Api(), client.AppsV1Api())
 
 
-def _from_cluster(
-    kubeconfig: Path | None, namespaces: list[str], wanted: Selector
-) -> tuple[dict[WorkloadKey, ContainerSpec], Owners, set[tuple[str, str]]]:
-    """The selected Deployments' containers, pod owners and names, from the Kubernetes API."""
-    store = _store(kubeconfig)
-    specs: dict[WorkloadKey, ContainerSpec] = {}
-    chosen = set()
-    try:
-        for deploy in store.deployments(namespaces):
-            if not wanted.matches(deploy.labels):
-                continue
-            chosen.add((deploy.namespace, deploy.name))
-            for spec in deploy.containers.values():
-                specs[WorkloadKey(deploy.namespace, deploy.name, spec.name)] = spec
-        owners = store.pod_owners(namespaces)
-    except Exception as error:  # the API client raises many kinds
-        raise fail(f"cannot read Deployments from the Kubernetes API: {error}", 1) from None
-    return specs, owners, chosen
-
-
-def _chosen_by_labels(
-    source: PrometheusSource, namespaces: list[str], wanted: Selector
-) -> set[tuple[str, str]]:
-    """The Deployments whose kube-state-metrics labels match (``--no-cluster``)."""
-    try:
-        exported = deployment_labels(source, namespaces)
-    except MetricsError as error:
-        raise fail(str(error), 1) from None
-    if not exported:
-        raise fail(
-            "--selector with --no-cluster needs kube-state-metrics' kube_deployment_labels, "
-            "and there are none: kube-state-metrics exports Deployment labels only when "
-            "allowed (--metric-labels-allowlist=deployments=[app,...])",
-            1,
-        )
-    return {key for key, labels in exported.items() if wanted.matches_exported(labels)}
-
-
 def recommend_command(
     prometheus: Annotated[str, typer.Option(help="Prometheus (or compatible) URL.")],
     namespace: Annotated[
@@ -209,13 +123,11 @@ def recommend_command(
         Path | None,
         typer.Option(help="Kubeconfig [default: in-cluster, else $KUBECONFIG / ~/.kube/config]."),
     ] = None,
-    bearer_token_file: Annotated[Path | None, typer.Option(help="Re-read when it changes.")] = None,
-    ca_bundle: Annotated[Path | None, typer.Option(help="CA certificates for TLS.")] = None,
-    insecure: Annotated[bool, typer.Option(help="Skip TLS verification.")] = False,
-    header: Annotated[
-        list[str] | None, typer.Option(help="Extra header NAME=VALUE (repeat), e.g. X-Scope-OrgID.")
-    ] = None,
-    timeout: Annotated[float, typer.Option(help="Seconds per query.")] = 30.0,
+    bearer_token_file: BearerTokenFile = None,
+    ca_bundle: CaBundle = None,
+    insecure: Insecure = False,
+    header: Header = None,
+    timeout: Timeout = 30.0,
     selector: Annotated[
         str,
         typer.Option(
@@ -224,23 +136,9 @@ def recommend_command(
             help="Deployment label selector, as kubectl -l: app=web,tier!=batch.",
         ),
     ] = "",
-    bearer_token: Annotated[
-        str | None,
-        typer.Option(
-            envvar="UNTHROTTLE_PROMETHEUS_TOKEN",
-            show_default=False,
-            help="Bearer token (better from the environment than the command line).",
-        ),
-    ] = None,
-    basic_auth: Annotated[
-        str | None,
-        typer.Option(
-            envvar="UNTHROTTLE_PROMETHEUS_BASIC_AUTH",
-            show_default=False,
-            help="USER:PASSWORD (better from the environment).",
-        ),
-    ] = None,
-    retries: Annotated[int, typer.Option(help="Retries on errors and 429/5xx, backing off.")] = 3,
+    bearer_token: BearerToken = None,
+    basic_auth: BasicAuth = None,
+    retries: Retries = 3,
     concurrency: Annotated[int, typer.Option(help="Queries in flight at once.")] = CONCURRENCY,
     top: Annotated[
         int | None,
@@ -266,9 +164,6 @@ def recommend_command(
     """Recommend CPU limits, burst and GOMAXPROCS for Deployments from Prometheus metrics."""
     if fmt not in {"table", "json", "yaml", "csv"}:
         raise fail(f"--format: {fmt!r} is not table, json, yaml or csv", 2)
-    if insecure:
-        err.print("note: --insecure: the Prometheus server's certificate is not checked",
-                  highlight=False)  # fmt: skip
     window_s = seconds(window)
     if window_s is None or window_s <= 0:
         raise fail(f"--window: {window!r} is not a duration such as 7d, 24h or 30m", 2)
@@ -282,102 +177,36 @@ def recommend_command(
         wanted = parse_selector(selector)
     except SelectorError as error:
         raise fail(f"--selector: {error}", 2) from None
-    auth = None
-    if basic_auth is not None:
-        user, sep, password = basic_auth.partition(":")
-        if not sep or not user:
-            raise fail("--basic-auth: expected USER:PASSWORD", 2)
-        auth = (user, password)
-    if retries < 0 or concurrency < 1 or any(n is not None and n < 1 for n in (jobs_option, top)):
-        raise fail("--retries must be 0 or more; --concurrency, --jobs and --top 1 or more", 2)
-    headers = {}
-    for pair in header or []:
-        name, sep, value = pair.partition("=")
-        if not sep or not name:
-            raise fail(f"--header: {pair!r} is not NAME=VALUE", 2)
-        headers[name] = value
-    source = PrometheusSource(PrometheusConfig(
-        url=prometheus, bearer_token=bearer_token, bearer_token_file=bearer_token_file,
-        basic_auth=auth, ca_bundle=ca_bundle, insecure=insecure, headers=headers,
-        timeout_s=timeout, retries=retries,
+    if concurrency < 1 or any(n is not None and n < 1 for n in (jobs_option, top)):
+        raise fail("--concurrency, --jobs and --top must be 1 or more", 2)
+    source = PrometheusSource(prometheus_config(
+        prometheus, bearer_token=bearer_token, bearer_token_file=bearer_token_file,
+        basic_auth=basic_auth, ca_bundle=ca_bundle, insecure=insecure, header=header,
+        timeout=timeout, retries=retries,
     ))  # fmt: skip
-    specs: dict[WorkloadKey, ContainerSpec] = {}
-    owners: Owners | None = None
-    chosen: set[tuple[str, str]] | None = None  # Deployments the selector lets through
-    if not no_cluster:
-        specs, owners, chosen = _from_cluster(kubeconfig, namespace or [], wanted)
-    elif wanted.requirements:
-        chosen = _chosen_by_labels(source, namespace or [], wanted)
-    recorded = history == "recorded"
-    if history == "auto":
-        try:
-            recorded = recorded_covers(source, namespace or [], window_s)
-        except MetricsError as error:
-            raise fail(str(error), 1) from None
-    if recorded:
-        err.print("note: reading the series of unthrottle's recording rules", highlight=False)
-    total = QUERIES_WITH_OWNERS - (2 if owners is not None else 0)
-    with Progress(console=err, transient=True, disable=not err.is_terminal) as progress:
-        task = progress.add_task("querying Prometheus", total=total)
+    request = ScanRequest(
+        window_s=window_s, now=time.time(), policy=policy, namespaces=tuple(namespace or ()),
+        selector=wanted, history=History(history), concurrency=concurrency, jobs=jobs_option,
+    )  # fmt: skip
+    store = None if no_cluster else _store(kubeconfig)
+    try:
+        selection = select(request, store, source)
+        with Progress(console=err, transient=True, disable=not err.is_terminal) as progress:
+            total = QUERIES_WITH_OWNERS - (2 if selection.owners is not None else 0)
+            task = progress.add_task("querying Prometheus", total=total)
 
-        def step(metric: str) -> None:
-            progress.update(task, advance=1, description=f"querying {metric}")
+            def step(metric: str) -> None:
+                progress.update(task, advance=1, description=f"querying {metric}")
 
-        try:
-            found = fetch(source, namespace or [], window_s, owners=owners, on_query=step,
-                          concurrency=concurrency, recorded=recorded)  # fmt: skip
-        except MetricsError as error:
-            raise fail(str(error), 1) from None
-    if chosen is not None:
-        found = {k: v for k, v in found.items() if (k.namespace, k.deployment) in chosen}
-    for key, spec in specs.items():  # the API's settings; Deployments with no series listed
-        item = found.setdefault(key, ContainerEvidence(key))
-        item.limit_millicores, item.request_millicores = (
-            spec.limit_millicores,
-            spec.request_millicores,
-        )
-        item.gomaxprocs_env, item.burst_us = spec.gomaxprocs_env, spec.burst_us
-    where = ", ".join(namespace) if namespace else "any namespace"
-    if selector.strip():
-        where += f" matching {selector.strip()!r}"
-    if not found:
-        source_of = (
-            "kube-state-metrics' kube_pod_owner and kube_replicaset_owner series are needed "
-            "with --no-cluster"
-            if no_cluster
-            else "the Kubernetes API lists none"
-        )
-        raise fail(f"no Deployments found in {where}: {source_of}", 1)
-    if all(item.periods < 1 for item in found.values()):
-        raise fail(
-            f"no CPU counters for the Deployments in {where}: neither cAdvisor's "
-            "container_cpu_cfs_periods_total nor the unthrottle agent's. Is the kubelet's "
-            "/metrics/cadvisor endpoint scraped (job kubelet, metrics_path /metrics/cadvisor), "
-            "or the agent's /metrics?",
-            1,
-        )
-    if not any(item.kind == "period" for item in found.values()):
-        note = (
-            "note: no unthrottle agent series; recommending from cAdvisor counters "
-            "(coarse: 15-60 s samples cannot show 100 ms bursts)"
-        )
-        err.print(note, highlight=False)
-    jobs: list[Job] = []
-    for key, item in found.items():
-        known = specs.get(key)
-        current = Current(
-            item.limit_millicores,
-            min(item.request_millicores, item.limit_millicores or 10**9),
-            runtime=known.runtime if known else Runtime.UNKNOWN,
-            go_at_least_1_25=False,  # unknown from outside the image: assume an older Go
-            gomaxprocs_env=item.gomaxprocs_env,
-            burst_us=item.burst_us,
-        )
-        jobs.append((item, current, policy, window_s))
-    recs: dict[Any, Recommendation | None] = dict(
-        zip(found, advise_all(jobs, jobs_option), strict=True)
-    )
-    doc = document(found, recs, window, target)
+            found, problems = gather(request, source, selection, on_query=step)
+        result = assess(request, selection, found, problems=problems)
+    except (ScanError, MetricsError) as error:
+        raise fail(str(error), 1) from None
+    if result.fatal is not None:
+        raise fail(result.fatal.message, 1)
+    for problem in result.problems:
+        err.print(f"note: {problem.message}", highlight=False)
+    doc = result.to_json(window)
     if top is not None and len(doc["workloads"]) > top:
         err.print(f"note: showing the {top} most harmful of {len(doc['workloads'])} "
                   "Deployments (--top)", highlight=False)  # fmt: skip

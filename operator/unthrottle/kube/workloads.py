@@ -50,6 +50,8 @@ class DeploymentInfo:
     name: str
     containers: dict[str, ContainerSpec] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    """The Deployment's own annotations (``unthrottle.io/ignore`` opts it out)."""
 
 
 class WorkloadStore(Protocol):
@@ -112,9 +114,11 @@ def _owner(meta: dict[str, Any], kind: str) -> str | None:
 class KubeWorkloadStore:
     """A :class:`WorkloadStore` over ``kubernetes.client`` (CoreV1Api and AppsV1Api)."""
 
-    def __init__(self, core: Any, apps: Any) -> None:
+    def __init__(self, core: Any, apps: Any, *, timeout_s: float = 30.0) -> None:
         self.core = core
         self.apps = apps
+        self.timeout_s = timeout_s
+        """Every list call's timeout: a hung API server must not hang the caller."""
 
     @staticmethod
     def _items(reply: Any) -> list[dict[str, Any]]:
@@ -122,11 +126,12 @@ class KubeWorkloadStore:
 
     def _list(self, namespaced: Any, everywhere: Any, namespaces: Iterable[str]) -> list[Any]:
         selected = list(namespaces)
+        options = {"_preload_content": False, "_request_timeout": self.timeout_s}
         if not selected:
-            return self._items(everywhere(_preload_content=False))
+            return self._items(everywhere(**options))
         out = []
         for ns in selected:
-            out += self._items(namespaced(ns, _preload_content=False))
+            out += self._items(namespaced(ns, **options))
         return out
 
     def deployments(self, namespaces: Iterable[str]) -> list[DeploymentInfo]:
@@ -147,7 +152,8 @@ class KubeWorkloadStore:
             ]
             out.append(DeploymentInfo(meta.get("namespace", ""), meta.get("name", ""),
                                       {c.name: c for c in specs},
-                                      dict(meta.get("labels") or {})))  # fmt: skip
+                                      dict(meta.get("labels") or {}),
+                                      dict(meta.get("annotations") or {})))  # fmt: skip
         return out
 
     def pod_owners(self, namespaces: Iterable[str]) -> Owners:

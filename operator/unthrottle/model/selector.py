@@ -46,6 +46,17 @@ class Requirement:
             return value is not None and value in self.values
         return value is None or value not in self.values  # notin, as Kubernetes defines it
 
+    def text(self) -> str:
+        """The requirement in ``kubectl -l`` syntax."""
+        if self.op == "exists":
+            return self.key
+        if self.op == "!exists":
+            return f"!{self.key}"
+        values = sorted(self.values)
+        if len(values) == 1:
+            return f"{self.key}{'=' if self.op == 'in' else '!='}{values[0]}"
+        return f"{self.key} {self.op} ({','.join(values)})"
+
 
 @dataclass(frozen=True, slots=True)
 class Selector:
@@ -56,6 +67,10 @@ class Selector:
     def matches(self, labels: dict[str, str]) -> bool:
         """Do an object's labels satisfy every requirement?"""
         return all(r.matches(labels) for r in self.requirements)
+
+    def text(self) -> str:
+        """The selector in ``kubectl -l`` syntax (parses back to the same selector)."""
+        return ",".join(r.text() for r in self.requirements)
 
     def matches_exported(self, series_labels: dict[str, str]) -> bool:
         """The same, for kube-state-metrics' ``label_<key>`` series labels."""

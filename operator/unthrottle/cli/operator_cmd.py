@@ -1,0 +1,106 @@
+"""``unthrottle operator``: reconcile ThrottlePolicies (Kopf); Prometheus is its own setting."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from unthrottle.cli.common import fail, load_kube_config
+from unthrottle.cli.prometheus_opts import (
+    BasicAuth,
+    BearerToken,
+    BearerTokenFile,
+    CaBundle,
+    Header,
+    Insecure,
+    Retries,
+    Timeout,
+    prometheus_config,
+)
+
+
+def _host_port(option: str, value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isascii() or not port.isdigit() or not 0 < int(port) < 65536:
+        raise fail(f"{option}: {value!r} is not HOST:PORT (e.g. 0.0.0.0:8080)", 2)
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def operator_command(
+    prometheus: Annotated[
+        str,
+        typer.Option(
+            envvar="UNTHROTTLE_PROMETHEUS_URL",
+            help="Prometheus (or compatible) URL: the operator's own setting.",
+        ),
+    ],
+    namespace: Annotated[
+        list[str] | None,
+        typer.Option(help="Watch only these namespaces (repeat) [default: all]."),
+    ] = None,
+    all_namespaces: Annotated[
+        bool, typer.Option("--all-namespaces", help="Watch every namespace (the default).")
+    ] = False,
+    liveness: Annotated[
+        str | None, typer.Option(help="HOST:PORT for the liveness probe (/healthz).")
+    ] = None,
+    metrics: Annotated[
+        str | None, typer.Option(help="HOST:PORT for the operator's own /metrics.")
+    ] = None,
+    peering: Annotated[
+        str | None,
+        typer.Option(help="Kopf peering name, for more than one replica [default: standalone]."),
+    ] = None,
+    standalone: Annotated[
+        bool, typer.Option("--standalone", help="No peering (one replica; the default).")
+    ] = False,
+    priority: Annotated[int, typer.Option(help="This replica's peering priority.")] = 0,
+    log_format: Annotated[
+        str | None,
+        typer.Option(help="json or text [default: text on a terminal, json otherwise]."),
+    ] = None,
+    status_max_workloads: Annotated[
+        int, typer.Option(help="Deployments kept in a policy's status (most harmful first).")
+    ] = 100,
+    bearer_token_file: BearerTokenFile = None,
+    ca_bundle: CaBundle = None,
+    insecure: Insecure = False,
+    header: Header = None,
+    timeout: Timeout = 30.0,
+    bearer_token: BearerToken = None,
+    basic_auth: BasicAuth = None,
+    retries: Retries = 3,
+) -> None:
+    """Run the operator: keep a recommendation per Deployment in each ThrottlePolicy's status."""
+    from unthrottle.operator.runner import RunOptions, run
+    from unthrottle.operator.settings import OperatorSettings
+
+    if namespace and all_namespaces:
+        raise fail("--namespace and --all-namespaces: give one or the other", 2)
+    if peering and standalone:
+        raise fail("--peering and --standalone: give one or the other", 2)
+    if log_format not in {None, "json", "text"}:
+        raise fail(f"--log-format: {log_format!r} is not json or text", 2)
+    if status_max_workloads < 1:
+        raise fail("--status-max-workloads: must be 1 or more", 2)
+    live = None
+    if liveness is not None:
+        host, port = _host_port("--liveness", liveness)
+        live = f"http://{host}:{port}/healthz"
+    served = _host_port("--metrics", metrics) if metrics is not None else None
+    config = prometheus_config(
+        prometheus, bearer_token=bearer_token, bearer_token_file=bearer_token_file,
+        basic_auth=basic_auth, ca_bundle=ca_bundle, insecure=insecure, header=header,
+        timeout=timeout, retries=retries,
+    )  # fmt: skip
+    load_kube_config(None, hint="; set KUBECONFIG, or run in a pod with a service account")
+    settings = OperatorSettings(
+        prometheus=config,
+        namespaces=tuple(namespace or ()),
+        status_max_workloads=status_max_workloads,
+    )
+    json_logs = (log_format or ("text" if sys.stderr.isatty() else "json")) == "json"
+    run(settings, RunOptions(liveness=live, metrics=served, peering=peering,
+                             priority=priority, log_json=json_logs))  # fmt: skip

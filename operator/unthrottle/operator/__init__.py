@@ -1,0 +1,1 @@
+"""The operator: ThrottlePolicy reconciles over the shared scan (Kopf lives only here)."""

@@ -1,0 +1,61 @@
+"""The Kopf handlers: thin. One daemon per policy runs a reconcile in a thread, then waits
+for the policy's interval (or the retry delay), waking early when the spec changes.
+
+A daemon rather than a timer: a timer's interval is fixed when the handler is
+declared, and each policy has its own. Kopf is imported here and in ``runner.py``
+only (an import-linter contract says so).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+from typing import Any
+
+import kopf
+
+from unthrottle.kube.objects import GROUP, PLURAL, VERSION
+from unthrottle.operator.reconcile import Reconciler
+from unthrottle.operator.settings import OperatorSettings
+
+_log = logging.getLogger("unthrottle.operator")
+
+
+def register(registry: kopf.OperatorRegistry, reconciler: Reconciler,
+             settings: OperatorSettings) -> None:  # fmt: skip
+    """Declare the handlers on ``registry``."""
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        # Kopf's own bookkeeping in annotations, never in status (which is ours)
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+            prefix="unthrottle.io"
+        )
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix="unthrottle.io", key="last-handled-configuration"
+        )
+        settings.posting.level = logging.WARNING  # our events say what happened
+        settings.networking.request_timeout = 60
+        settings.watching.server_timeout = 300
+
+    @kopf.daemon(GROUP, VERSION, PLURAL, registry=registry, cancellation_timeout=10.0)
+    async def policy_loop(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
+        while not stopped:
+            generation = body.get("metadata", {}).get("generation")
+            snapshot = copy.deepcopy(dict(body))
+            outcome = await asyncio.to_thread(reconciler.reconcile, snapshot)
+            waited = 0.0
+            while not stopped and waited < outcome.next_in_s:
+                await asyncio.sleep(settings.poll_s)
+                waited += settings.poll_s
+                if body.get("metadata", {}).get("generation") != generation:
+                    break  # the spec changed: reconcile now
+
+    @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry, optional=True)
+    def forget(body: kopf.Body, **_: Any) -> None:
+        reconciler.forget(copy.deepcopy(dict(body)))
+
+    @kopf.on.probe(registry=registry, id="policies")
+    def policies(**_: Any) -> int:
+        return len(reconciler.memory)

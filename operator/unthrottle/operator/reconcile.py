@@ -1,0 +1,317 @@
+"""One reconcile of one ThrottlePolicy, as named, timed steps:
+parse → select → exclude (opt-outs, other policies' Deployments) → evidence → assess →
+report → status → events.
+
+Nothing here imports Kopf: the handlers (``handlers.py``) call :meth:`Reconciler.reconcile`
+in a thread and sleep for the delay it returns. A fault never escapes as an exception
+that stops the others: a bad spec, the API or Prometheus failing each become a
+condition, a warning event and a retry.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from unthrottle.kube.objects import ObjectStore
+from unthrottle.kube.workloads import WorkloadStore
+from unthrottle.metrics.source import MetricsError, MetricsSource
+from unthrottle.model.policy import SpecError, ThrottlePolicySpec, parse_spec
+from unthrottle.operator.evidence import EvidenceReader, FullWindowReader, PolicyMemory
+from unthrottle.operator.settings import OperatorSettings
+from unthrottle.operator.status import (
+    IGNORE_ANNOTATION,
+    State,
+    StatusView,
+    condition,
+    timestamp,
+    workloads_status,
+)
+from unthrottle.operator.telemetry import Telemetry
+from unthrottle.report import markdown
+from unthrottle.scan import ClusterError, ScanRequest, ScanResult, Selection, assess, select
+
+_log = logging.getLogger("unthrottle.operator")
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What a reconcile did, and when to run the next one."""
+
+    next_in_s: float
+    fault: str | None = None
+    """The reason of a failed reconcile (InvalidSpec, PrometheusUnavailable, ApiUnavailable)."""
+
+
+def _created(body: dict[str, Any]) -> tuple[str, str]:
+    meta = body.get("metadata") or {}
+    return str(meta.get("creationTimestamp") or ""), str(meta.get("name") or "")
+
+
+class Reconciler:
+    """Reconciles policies; holds each policy's memory (aggregates, engine cache)."""
+
+    def __init__(self, settings: OperatorSettings, *, metrics: MetricsSource,
+                 workloads: WorkloadStore, objects: ObjectStore,
+                 evidence: EvidenceReader | None = None,
+                 telemetry: Telemetry | None = None,
+                 clock: Callable[[], float] = time.time) -> None:  # fmt: skip
+        self.settings = settings
+        self.metrics = metrics
+        self.workloads = workloads
+        self.objects = objects
+        self.evidence = evidence or FullWindowReader(metrics)
+        self.telemetry = telemetry or Telemetry()
+        self.clock = clock
+        self.memory: dict[str, PolicyMemory] = {}
+
+    def forget(self, body: dict[str, Any]) -> None:
+        """A policy was deleted: drop its memory."""
+        meta = body.get("metadata") or {}
+        self.memory.pop(str(meta.get("uid") or uid_of(body)), None)
+        self.telemetry.forget(uid_of(body))
+
+    def reconcile(self, body: dict[str, Any]) -> Outcome:
+        """Reconcile one policy; never raises for the policy's or the cluster's faults."""
+        meta = body.get("metadata") or {}
+        uid = str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
+        memory = self.memory.setdefault(uid, PolicyMemory())
+        started = time.perf_counter()
+        try:
+            outcome = self._reconcile(body, memory)
+        except Exception as error:  # the last line of defence: log, mark, retry
+            _log.exception(
+                "policy %s/%s: reconcile failed", meta.get("namespace"), meta.get("name")
+            )
+            outcome = self._degraded(body, memory, "InternalError", f"reconcile failed: {error}")
+        self.telemetry.reconciled(uid_of(body), time.perf_counter() - started, outcome.fault)
+        return outcome
+
+    # -- the steps -------------------------------------------------------------------
+
+    def _reconcile(self, body: dict[str, Any], memory: PolicyMemory) -> Outcome:
+        meta = body["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        try:
+            spec = parse_spec(body.get("spec") or {})
+        except SpecError as error:
+            return self._invalid(body, memory, error)
+        now = self.clock()
+        request = ScanRequest(
+            window_s=spec.window_s, now=now, policy=spec.engine_policy(),
+            namespaces=(namespace,), selector=spec.label_selector(),
+            containers=frozenset(spec.containers) if spec.containers else None,
+            concurrency=self.settings.concurrency, jobs=self.settings.jobs,
+        )  # fmt: skip
+        try:
+            selection = self._timed("select", body, lambda: select(request, self.workloads,
+                                                                   self.metrics))  # fmt: skip
+            skipped, conflicts = self._excluded(body, selection)
+            found, problems = self._timed("evidence", body, lambda: self.evidence.read(
+                memory, request, selection, policy=body))  # fmt: skip
+        except ClusterError as error:
+            return self._degraded(body, memory, "ApiUnavailable", str(error))
+        except MetricsError as error:
+            self.telemetry.prometheus_error()
+            return self._degraded(body, memory, "PrometheusUnavailable", str(error))
+        skip = frozenset((namespace, d) for d in skipped)
+        result = self._timed("assess", body, lambda: assess(
+            request, selection, found, problems=problems, cache=memory.cache,
+            skip=skip))  # fmt: skip
+        view = workloads_status(result, skipped, limit=self.settings.status_max_workloads)
+        self._timed("report", body, lambda: self._write_report(body, spec, result, view))
+        status = self._status(body, spec, now, view, conflicts, result)
+        self.objects.patch_status(namespace, name, status)
+        self._events(body, memory, result, view, conflicts)
+        memory.failures, memory.last_fault = 0, None
+        self.telemetry.states(uid_of(body), view.states)
+        return Outcome(next_in_s=float(spec.interval_s))
+
+    def _timed(self, step: str, body: dict[str, Any], run: Callable[[], Any]) -> Any:
+        started = time.perf_counter()
+        try:
+            return run()
+        finally:
+            meta = body["metadata"]
+            _log.info("policy %s/%s: %s took %.3f s", meta["namespace"], meta["name"], step,
+                      time.perf_counter() - started)  # fmt: skip
+
+    def _excluded(
+        self, body: dict[str, Any], selection: Selection
+    ) -> tuple[dict[str, str], dict[str, str]]:
+        """Deployments left out: opted out (annotation), or selected by an older policy.
+        Returns (Deployment → why) and (Deployment → the other policy)."""
+        skipped: dict[str, str] = {}
+        conflicts: dict[str, str] = {}
+        meta = body["metadata"]
+        older = []
+        for other in self.objects.policies(meta["namespace"]):
+            other_meta = other.get("metadata") or {}
+            if other_meta.get("uid") == meta.get("uid") or other_meta.get("name") == meta["name"]:
+                continue
+            if other_meta.get("deletionTimestamp") or _created(other) >= _created(body):
+                continue
+            try:
+                older.append((str(other_meta.get("name")),
+                              parse_spec(other.get("spec") or {}).label_selector()))  # fmt: skip
+            except SpecError:
+                continue  # an invalid policy owns nothing
+        for (_, deploy), info in (selection.deployments or {}).items():
+            if str(info.annotations.get(IGNORE_ANNOTATION, "")).lower() == "true":
+                skipped[deploy] = f'opted out: the Deployment has {IGNORE_ANNOTATION}: "true"'
+                continue
+            for other_name, selector in older:
+                if selector.matches(info.labels):
+                    skipped[deploy] = f"selected by the older policy {other_name}, which keeps it"
+                    conflicts[deploy] = other_name
+                    break
+        return skipped, conflicts
+
+    def _status(self, body: dict[str, Any], spec: ThrottlePolicySpec, now: float,
+                view: StatusView, conflicts: dict[str, str],
+                result: ScanResult) -> dict[str, Any]:  # fmt: skip
+        meta = body["metadata"]
+        generation = meta.get("generation")
+        previous = (body.get("status") or {}).get("conditions")
+        ready_message = (f"{view.summary['deployments']} Deployments, "
+                         f"{view.summary['overTarget']} over target")  # fmt: skip
+        if result.fatal is not None:
+            ready_message = result.fatal.message
+        if spec.mode == "Apply":
+            ready_message += "; Apply mode is not available in this version: nothing is patched"
+        conditions = [condition(previous, "Ready", True, "Reconciled", ready_message,
+                                now=now, generation=generation)]  # fmt: skip
+        if conflicts:
+            others = sorted(set(conflicts.values()))
+            conditions.append(condition(
+                previous, "Degraded", True, "Conflict",
+                f"{len(conflicts)} selected Deployments belong to the older policy "
+                f"{', '.join(others)}: {', '.join(sorted(conflicts))}",
+                now=now, generation=generation))  # fmt: skip
+        else:
+            conditions.append(condition(previous, "Degraded", False, "Healthy", "",
+                                        now=now, generation=generation))  # fmt: skip
+        return {
+            "observedGeneration": generation,
+            "lastRun": timestamp(now),
+            "lastGoodRun": timestamp(now),
+            "summary": view.summary,
+            "workloads": view.workloads,
+            "conditions": conditions,
+        }
+
+    def _write_report(self, body: dict[str, Any], spec: ThrottlePolicySpec,
+                      result: ScanResult, view: StatusView) -> None:  # fmt: skip
+        meta = body["metadata"]
+        states = {k: v.value for k, v in view.states.items()}
+        doc = result.to_json(spec.window)
+        doc["policy"] = {"namespace": meta["namespace"], "name": meta["name"]}
+        for w in doc["workloads"]:
+            w["state"] = states.get(w["deployment"])
+        limit = len(doc["workloads"])
+        title = f"unthrottle: policy {meta['namespace']}/{meta['name']}"
+        while True:  # halve until it fits: truncated with a note, never failing
+            shown = dict(doc, workloads=doc["workloads"][:limit])
+            if limit < len(doc["workloads"]):
+                shown["truncated"] = {"shown": limit, "left_out": len(doc["workloads"]) - limit}
+            text_json = json.dumps(shown, indent=1)
+            text_md = markdown(result, title=title, states=states, max_workloads=limit)
+            if len(text_json) + len(text_md) <= self.settings.report_max_bytes or limit == 0:
+                break
+            limit //= 2
+        self.objects.put_configmap(
+            meta["namespace"], f"{meta['name']}-report", owner=body,
+            data={"report.md": text_md, "report.json": text_json},
+            labels={"app.kubernetes.io/managed-by": "unthrottle",
+                    "unthrottle.io/policy": meta["name"]},
+        )  # fmt: skip
+
+    def _events(self, body: dict[str, Any], memory: PolicyMemory, result: ScanResult,
+                view: StatusView, conflicts: dict[str, str]) -> None:  # fmt: skip
+        signature = json.dumps([view.summary, view.workloads], sort_keys=True)
+        if signature != memory.last_signature:
+            memory.last_signature = signature
+            recommended = sum(1 for s in view.states.values() if s == State.RECOMMENDED)
+            worst = view.summary["worstThrottleRatio"]
+            message = (f"{view.summary['deployments']} Deployments, "
+                       f"{view.summary['overTarget']} over target, {recommended} with a new "
+                       "recommendation")  # fmt: skip
+            if worst is not None:
+                message += f"; worst {worst * 100:.0f} % of periods throttled"
+            self._event(body, "Normal", "Recommended", message)
+        for problem in result.problems:
+            if problem.kind.value != "RecordedSeries":
+                self._event(body, "Warning", problem.kind.value, problem.message)
+        if conflicts:
+            owned = ", ".join(f"{d} ({p})" for d, p in sorted(conflicts.items()))
+            self._event(
+                body,
+                "Warning",
+                "Conflict",
+                f"Deployments selected by an older policy are left to it: {owned}",
+            )
+
+    def _event(self, body: dict[str, Any], kind: str, reason: str, message: str) -> None:
+        try:
+            self.objects.event(body, kind, reason, message)
+        except Exception as error:  # an event is worth a log line, not a failed reconcile
+            _log.warning("cannot post event %s: %s", reason, error)
+
+    # -- faults ----------------------------------------------------------------------
+
+    def _invalid(self, body: dict[str, Any], memory: PolicyMemory, error: SpecError) -> Outcome:
+        meta = body["metadata"]
+        generation = meta.get("generation")
+        message = f"spec.{error.field}: {error}" if not str(error).startswith(error.field) else (
+            f"spec.{error}")  # fmt: skip
+        if memory.warned_generation != generation or memory.last_fault != "InvalidSpec":
+            self._event(body, "Warning", "InvalidSpec", message)
+            memory.warned_generation = generation
+        memory.last_fault = "InvalidSpec"
+        self._write_fault_status(body, "InvalidSpec", message)
+        return Outcome(next_in_s=self.settings.backoff_max_s, fault="InvalidSpec")
+
+    def _degraded(self, body: dict[str, Any], memory: PolicyMemory, reason: str,
+                  message: str) -> Outcome:  # fmt: skip
+        memory.failures += 1
+        if memory.last_fault != reason:
+            self._event(body, "Warning", reason, message)
+        memory.last_fault = reason
+        try:
+            self._write_fault_status(body, reason, message)
+        except Exception as error:  # the API may be what failed
+            _log.warning("cannot write the status of a degraded policy: %s", error)
+        delay = min(self.settings.backoff_max_s,
+                    self.settings.backoff_min_s * 2 ** (memory.failures - 1))  # fmt: skip
+        return Outcome(next_in_s=delay, fault=reason)
+
+    def _write_fault_status(self, body: dict[str, Any], reason: str, message: str) -> None:
+        """Conditions say what failed; the last good workloads and their time stay."""
+        meta = body["metadata"]
+        now = self.clock()
+        previous = (body.get("status") or {}).get("conditions")
+        generation = meta.get("generation")
+        since = (body.get("status") or {}).get("lastGoodRun")
+        ready = "the last good recommendations are kept" + (f" (from {since})" if since else "")
+        status = {
+            "lastRun": timestamp(now),
+            "conditions": [
+                condition(previous, "Ready", False, reason, f"{message}; {ready}",
+                          now=now, generation=generation),
+                condition(previous, "Degraded", True, reason, message,
+                          now=now, generation=generation),
+            ],
+        }  # fmt: skip
+        if reason == "InvalidSpec":
+            status["observedGeneration"] = generation
+        self.objects.patch_status(meta["namespace"], meta["name"], status)
+
+
+def uid_of(body: dict[str, Any]) -> str:
+    """A policy's identity in memory and metrics."""
+    meta = body.get("metadata") or {}
+    return f"{meta.get('namespace')}/{meta.get('name')}"

@@ -1,0 +1,64 @@
+"""Start the operator: clients, the reconciler, the handlers, and Kopf's own loop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import kopf
+
+from unthrottle.kube.objects import KubeObjects
+from unthrottle.kube.workloads import KubeWorkloadStore
+from unthrottle.metrics.source import PrometheusSource
+from unthrottle.operator.handlers import register
+from unthrottle.operator.reconcile import Reconciler
+from unthrottle.operator.settings import OperatorSettings
+from unthrottle.operator.telemetry import Telemetry
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    """How Kopf runs (the command line's options)."""
+
+    liveness: str | None = None
+    """``http://HOST:PORT/healthz`` for the liveness probe."""
+    metrics: tuple[str, int] | None = None
+    """Where the operator's own /metrics is served."""
+    peering: str | None = None
+    """Kopf peering object's name; None: standalone (one replica)."""
+    priority: int = 0
+    log_json: bool = True
+
+
+def run(settings: OperatorSettings, options: RunOptions) -> None:
+    """Run until SIGTERM / SIGINT."""
+    from kubernetes import client
+    from prometheus_client import start_http_server
+
+    source = PrometheusSource(settings.prometheus)
+    telemetry = Telemetry(queries=lambda: source.queries)
+    api = client.ApiClient()
+    reconciler = Reconciler(
+        settings, metrics=source,
+        workloads=KubeWorkloadStore(client.CoreV1Api(api), client.AppsV1Api(api),
+                                    timeout_s=settings.api_timeout_s),
+        objects=KubeObjects(api, timeout_s=settings.api_timeout_s),
+        telemetry=telemetry,
+    )  # fmt: skip
+    if options.metrics is not None:
+        start_http_server(options.metrics[1], options.metrics[0], registry=telemetry.registry)
+    registry = kopf.OperatorRegistry()
+    register(registry, reconciler, settings)
+    kopf.configure(log_format=kopf.LogFormat.JSON if options.log_json else kopf.LogFormat.PLAIN,
+                   verbose=False)  # fmt: skip
+    logging.getLogger("unthrottle").setLevel(logging.INFO)
+    asyncio.run(kopf.operator(
+        registry=registry,
+        clusterwide=not settings.namespaces,
+        namespaces=list(settings.namespaces),
+        standalone=options.peering is None,
+        peering_name=options.peering or "default",
+        priority=options.priority,
+        liveness_endpoint=options.liveness,
+    ))  # fmt: skip
