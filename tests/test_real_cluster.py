@@ -112,3 +112,90 @@ def test_recommend_lists_the_deployment_in_cluster_mode(namespace: str) -> None:
     (web,) = json.loads(out.stdout)["workloads"]
     assert web["deployment"] == "web"
     assert {c["name"] for c in web["containers"]} == {"app", "sidecar"}
+
+
+CRD = Path(__file__).resolve().parent.parent / "crds" / "throttlepolicy.yaml"
+
+
+@pytest.fixture(scope="module")
+def crd_installed() -> Iterator[None]:
+    """The ThrottlePolicy CRD, installed from the committed file (left if it was there)."""
+    import yaml
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    ext = client.ApiextensionsV1Api()
+    body = yaml.safe_load(CRD.read_text())
+    created = False
+    try:
+        ext.create_custom_resource_definition(body)
+        created = True
+    except ApiException as error:
+        if error.status != 409:  # already there: a cluster with unthrottle installed
+            raise
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        crd = ext.read_custom_resource_definition(body["metadata"]["name"])
+        if any(c.type == "Established" and c.status == "True"
+               for c in crd.status.conditions or []):  # fmt: skip
+            break
+        time.sleep(1)
+    try:
+        yield
+    finally:
+        if created:
+            ext.delete_custom_resource_definition(body["metadata"]["name"])
+
+
+def test_the_crd_installs_and_a_recommend_reconcile_writes_status(
+    namespace: str, crd_installed: None, tmp_path: Path
+) -> None:
+    from kubernetes import client
+
+    from prom import PrometheusServer
+
+    custom = client.CustomObjectsApi()
+    with PrometheusServer(tmp_path) as local:
+        url = os.environ.get("UNTHROTTLE_TEST_PROMETHEUS", local.url)
+        log = (tmp_path / "operator.log").open("w")
+        operator = subprocess.Popen(
+            [str(UNTHROTTLE), "operator", "--prometheus", url, "--namespace", namespace,
+             "--standalone", "--log-format", "text"],
+            stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            custom.create_namespaced_custom_object(
+                "unthrottle.io", "v1alpha1", namespace, "throttlepolicies",
+                {"apiVersion": "unthrottle.io/v1alpha1", "kind": "ThrottlePolicy",
+                 "metadata": {"name": "front"},
+                 "spec": {"selector": {"matchLabels": {"tier": "front"}}, "window": "1h"}},
+            )  # fmt: skip
+            status: dict[str, Any] = {}
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not status.get("summary"):
+                policy = custom.get_namespaced_custom_object(
+                    "unthrottle.io", "v1alpha1", namespace, "throttlepolicies", "front"
+                )
+                status = policy.get("status") or {}
+                time.sleep(2)
+            assert status.get("summary", {}).get("deployments") == 1, (
+                tmp_path / "operator.log"
+            ).read_text()
+            (web,) = status["workloads"]
+            assert web["deployment"] == "web"
+            assert {c["name"] for c in web["containers"]} == {"app", "sidecar"}
+            # nothing was patched in Recommend mode
+            apps = client.AppsV1Api()
+            deploy = apps.read_namespaced_deployment("web", namespace)
+            assert deploy.spec.template.spec.containers[0].resources.limits["cpu"] == "300m"
+            custom.delete_namespaced_custom_object(
+                "unthrottle.io", "v1alpha1", namespace, "throttlepolicies", "front"
+            )
+        finally:
+            operator.terminate()
+            try:
+                operator.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                operator.kill()
+                operator.wait()
+            log.close()

@@ -1,0 +1,130 @@
+"""A shop of Deployments with known 100 ms demand: Prometheus history and API objects.
+
+Each workload's demand is a mix of quiet windows (uniform up to twice its base) and
+bursts (around ``burst`` cores in a ``share`` of windows), as in ``make demo``.
+:func:`openmetrics` writes what the agent and cAdvisor would have exported, one
+sample a minute; :func:`objects` the Deployment, ReplicaSet and pods that stand for
+it in the Kubernetes emulator (owners come from the API, as in cluster mode).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+from cluster_query import BOUNDS, cdf
+from unthrottle.agent.sampling import BUCKETS_CORES
+
+DAY, STEP = 86_400, 60
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A Deployment with one container whose demand is known."""
+
+    namespace: str
+    name: str
+    base: float
+    """Quiet windows: uniform on (0, 2·base] cores."""
+    share: float
+    """Share of windows that burst."""
+    burst: float
+    """Cores a burst wants (±10 %)."""
+    limit: float
+    """CPU limit in cores."""
+    pods: int = 2
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    container: str = "app"
+    env: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def replicaset(self) -> str:
+        return f"{self.name}-7c9d8f"
+
+    def pod_names(self) -> list[str]:
+        """Names as the ReplicaSet controller makes them (``<rs>-<5 chars>``)."""
+        return [f"{self.replicaset}-{'bcdfg'[p]}2x4k" for p in range(self.pods)]
+
+    def throttled_share(self) -> float:
+        return 1 - cdf(self.base, self.share, self.burst, self.limit)
+
+
+THROTTLED = Workload("shop", "checkout", 0.1, 0.10, 1.2, 0.5, 3, {"team": "pay"})
+"""Bursts to 1.2 cores in one window in ten under 500m: 10 % of periods throttled."""
+HEALTHY = Workload("shop", "catalog", 0.3, 0.0, 0.0, 1.0, 2, {"team": "pay"})
+"""A steady 0.3 core (up to 0.6) under 1 CPU: never throttled."""
+
+
+def openmetrics(workloads: list[Workload], end: int, span: int = DAY, step: int = STEP,
+                start: int | None = None) -> str:  # fmt: skip
+    """OpenMetrics text (without ``# EOF``) from ``end - span`` (or ``start``) to ``end``."""
+    lines: list[str] = []
+    first = end - span if start is None else start
+    times = range(first, end + 1, step)
+
+    def emit(name: str, labels: str, rate: float) -> None:
+        # counters grow from the epoch of the history, so later chunks continue them
+        lines.extend(f"{name}{{{labels}}} {rate * (t - (end - span)):.10g} {t}" for t in times)
+
+    for w in workloads:
+        for pod in w.pod_names():
+            labels = f'namespace="{w.namespace}",pod="{pod}",container="{w.container}"'
+            if w.base == 0:
+                continue
+            throttled = w.throttled_share()
+            mean = (1 - w.share) * w.base + w.share * w.burst
+            for metric, rate in (("usage_seconds", min(mean, w.limit)), ("cfs_periods", 10.0),
+                                 ("cfs_throttled_periods", 10 * throttled),
+                                 ("cfs_throttled_seconds", 10 * throttled * 0.05)):  # fmt: skip
+                emit(f"container_cpu_{metric}_total", labels, rate)
+            for le, bound in zip(BOUNDS, (*BUCKETS_CORES, math.inf), strict=True):
+                emit("unthrottle_cpu_demand_cores_bucket", f'{labels},le="{le}"',
+                     10 * cdf(w.base, w.share, w.burst, bound))  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def deployment(w: Workload) -> dict[str, Any]:
+    """The Deployment object."""
+    env = [{"name": k, "value": v} for k, v in w.env]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"namespace": w.namespace, "name": w.name, "labels": dict(w.labels),
+                     "annotations": dict(w.annotations)},
+        "spec": {
+            "replicas": w.pods,
+            "selector": {"matchLabels": {"app": w.name}},
+            "template": {
+                "metadata": {"labels": {"app": w.name}},
+                "spec": {"containers": [{
+                    "name": w.container, "image": "registry.example/shop:1",
+                    "env": env,
+                    "resources": {"limits": {"cpu": f"{round(w.limit * 1000)}m"},
+                                  "requests": {"cpu": f"{round(w.limit * 500)}m"}},
+                }]},
+            },
+        },
+    }  # fmt: skip
+
+
+def objects(w: Workload) -> list[tuple[str, dict[str, Any]]]:
+    """(resource, object) for the Deployment, its ReplicaSet and its pods."""
+    owner = {"apiVersion": "apps/v1", "kind": "Deployment", "name": w.name, "controller": True}
+    rs = {"apiVersion": "apps/v1", "kind": "ReplicaSet",
+          "metadata": {"namespace": w.namespace, "name": w.replicaset,
+                       "ownerReferences": [owner]}}  # fmt: skip
+    out = [("apps/v1/deployments", deployment(w)), ("apps/v1/replicasets", rs)]
+    for pod in w.pod_names():
+        out.append(("v1/pods", {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"namespace": w.namespace, "name": pod, "ownerReferences": [
+                {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": w.replicaset,
+                 "controller": True}]},
+            "spec": {"containers": [{"name": w.container}]},
+        }))  # fmt: skip
+    return out
