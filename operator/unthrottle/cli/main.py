@@ -29,6 +29,8 @@ from unthrottle.cfs.figures import RunFigures
 from unthrottle.cfs.tasks import DEFAULT_HZ, Accounting, Machine, simulate_tasks
 from unthrottle.cgroups import CgroupError, Layout, detect_layout
 from unthrottle.cli.common import err, fail, load_kube_config
+from unthrottle.cli.crd_cmd import crd_command
+from unthrottle.cli.operator_cmd import operator_command
 from unthrottle.cli.output import print_json, print_table, print_tune
 from unthrottle.cli.recommend_cmd import prometheus_rules_command, recommend_command
 from unthrottle.lab.kernel import kernel_hz
@@ -47,6 +49,8 @@ lab_app = typer.Typer(help="Run workloads in real cgroups on this machine.", no_
 app.add_typer(lab_app, name="lab")
 app.command("recommend")(recommend_command)
 app.command("prometheus-rules")(prometheus_rules_command)
+app.command("operator")(operator_command)
+app.command("crd")(crd_command)
 
 
 ScenarioFiles = Annotated[

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Annotated
 
@@ -103,4 +104,5 @@ def operator_command(
     )
     json_logs = (log_format or ("text" if sys.stderr.isatty() else "json")) == "json"
     run(settings, RunOptions(liveness=live, metrics=served, peering=peering,
-                             priority=priority, log_json=json_logs))  # fmt: skip
+                             priority=priority, log_json=json_logs,
+                             debug=os.environ.get("UNTHROTTLE_DEBUG") == "1"))  # fmt: skip

@@ -26,6 +26,11 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler,
              settings: OperatorSettings) -> None:  # fmt: skip
     """Declare the handlers on ``registry``."""
 
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # the kubernetes client's own loading: $KUBECONFIG, or the in-cluster service account
+        return kopf.login_via_client(**kwargs)
+
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         # Kopf's own bookkeeping in annotations, never in status (which is ours)

@@ -29,6 +29,8 @@ class RunOptions:
     """Kopf peering object's name; None: standalone (one replica)."""
     priority: int = 0
     log_json: bool = True
+    debug: bool = False
+    """Kopf's own debug logging (``UNTHROTTLE_DEBUG=1``)."""
 
 
 def run(settings: OperatorSettings, options: RunOptions) -> None:
@@ -51,14 +53,14 @@ def run(settings: OperatorSettings, options: RunOptions) -> None:
     registry = kopf.OperatorRegistry()
     register(registry, reconciler, settings)
     kopf.configure(log_format=kopf.LogFormat.JSON if options.log_json else kopf.LogFormat.PLAIN,
-                   verbose=False)  # fmt: skip
+                   verbose=options.debug, debug=options.debug)  # fmt: skip
     logging.getLogger("unthrottle").setLevel(logging.INFO)
     asyncio.run(kopf.operator(
         registry=registry,
         clusterwide=not settings.namespaces,
         namespaces=list(settings.namespaces),
         standalone=options.peering is None,
-        peering_name=options.peering or "default",
+        peering_name=options.peering,  # given only with --peering: Kopf then requires its CRD
         priority=options.priority,
         liveness_endpoint=options.liveness,
     ))  # fmt: skip

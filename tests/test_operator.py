@@ -1,0 +1,269 @@
+"""The operator in Recommend mode: the real `unthrottle operator` (Kopf) in a subprocess,
+against the Kubernetes emulator over HTTP (a test double: no API server runs here) and a
+real Prometheus serving a day of backfilled history."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kube_emulator import KubeEmulator
+from prom import PrometheusServer, free_port, requires_prometheus
+from shop import HEALTHY, THROTTLED, Workload, objects, openmetrics
+
+pytestmark = requires_prometheus
+UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
+POLICIES = "unthrottle.io/v1alpha1/throttlepolicies"
+IGNORED = Workload("shop", "legacy", 0.1, 0.10, 1.2, 0.5, 1, {"team": "pay"},
+                   {"unthrottle.io/ignore": "true"})  # fmt: skip
+BATCH = Workload("shop", "batch", 0.1, 0.10, 1.2, 0.5, 1, {"team": "data"})
+FRONTEND = Workload("web", "frontend", 0.1, 0.10, 1.2, 0.5, 1, {"team": "web"})
+SHOP = [THROTTLED, HEALTHY, IGNORED, BATCH, FRONTEND]
+DEADLINE = 60.0
+
+
+class Running:
+    """The emulator, Prometheus and the operator, as the tests see them."""
+
+    def __init__(self, kube: KubeEmulator, prom: PrometheusServer, metrics: str, log: Path,
+                 liveness: str) -> None:  # fmt: skip
+        self.kube, self.prom, self.metrics, self.log, self.liveness = (
+            kube, prom, metrics, log, liveness)  # fmt: skip
+
+    def policy(self, namespace: str, name: str, spec: dict[str, Any]) -> None:
+        self.kube.create(POLICIES, {"apiVersion": "unthrottle.io/v1alpha1",
+                                    "kind": "ThrottlePolicy",
+                                    "metadata": {"namespace": namespace, "name": name},
+                                    "spec": spec})  # fmt: skip
+
+    def status_when(self, namespace: str, name: str,
+                    check: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:  # fmt: skip
+        deadline = time.monotonic() + DEADLINE
+        status: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            obj = self.kube.get(POLICIES, namespace, name)
+            status = (obj or {}).get("status") or {}
+            try:
+                if check(status):
+                    return status
+            except (KeyError, TypeError, StopIteration):
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"status of {namespace}/{name} never matched: {status}\n"
+                             f"operator log:\n{self.log.read_text()[-4000:]}")  # fmt: skip
+
+    def events(self, namespace: str, name: str) -> list[dict[str, Any]]:
+        return [e for e in self.kube.list("v1/events", namespace)
+                if e.get("involvedObject", {}).get("name") == name]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    folder = tmp_path_factory.mktemp("operator")
+    end = int(time.time()) // 60 * 60
+    with (
+        KubeEmulator() as kube,
+        PrometheusServer(folder, openmetrics=openmetrics(SHOP, end)) as prom,
+    ):
+        for w in SHOP:
+            for resource, obj in objects(w):
+                kube.put(resource, obj)
+        kubeconfig = kube.kubeconfig(folder / "kubeconfig")
+        metrics, liveness = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+        log = folder / "operator.log"
+        with log.open("w") as out:
+            proc = subprocess.Popen(
+                [str(UNTHROTTLE), "operator", "--prometheus", prom.url, "--standalone",
+                 "--log-format", "text", "--metrics", metrics, "--liveness", liveness],
+                stdout=out, stderr=subprocess.STDOUT,
+                env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+            )  # fmt: skip
+            try:
+                yield Running(kube, prom, metrics, log, liveness)
+            finally:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        assert proc.returncode is not None
+
+
+def _undeclared(value: Any, schema: dict[str, Any], path: str = "status") -> list[str]:
+    """Paths in ``value`` that the CRD's structural schema does not declare (a real API
+    server would prune them)."""
+    if isinstance(value, dict):
+        props = schema.get("properties")
+        if props is None:
+            return [] if schema.get("additionalProperties") else [path]
+        out = []
+        for key, item in value.items():
+            if key not in props:
+                out.append(f"{path}.{key}")
+            else:
+                out += _undeclared(item, props[key], f"{path}.{key}")
+        return out
+    if isinstance(value, list):
+        return [p for i, item in enumerate(value)
+                for p in _undeclared(item, schema.get("items", {}), f"{path}[{i}]")]  # fmt: skip
+    return []
+
+
+def _workload(status: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(w for w in status["workloads"] if w["deployment"] == name)
+
+
+def test_a_policy_gets_status_events_and_a_report_and_nothing_is_patched(
+    running: Running,
+) -> None:
+    before = {w.name: running.kube.get("apps/v1/deployments", w.namespace, w.name) for w in SHOP}
+    running.policy("shop", "pay", {"selector": {"matchLabels": {"team": "pay"}}, "window": "12h"})
+    status = running.status_when("shop", "pay", lambda s: s["summary"]["deployments"] == 3)
+    # the selector and the namespace boundary hold
+    assert {w["deployment"] for w in status["workloads"]} == {"checkout", "catalog", "legacy"}
+    checkout = _workload(status, "checkout")
+    assert checkout["state"] == "Recommended"
+    (api,) = checkout["containers"]
+    assert api["evidence"] == "period"
+    assert api["current"]["cpuLimit"] == "500m"
+    assert api["throttleRatio"] > 0.05
+    recommended = api["recommended"]["cpuLimit"]
+    assert recommended.endswith("m") and int(recommended[:-1]) > 500 or float(recommended) > 0.5
+    assert api["expectedThrottleRatio"] <= 0.05
+    # the healthy one gets no higher limit
+    catalog = _workload(status, "catalog")
+    assert catalog["state"] in {"UpToDate", "Recommended"}
+    limit = catalog["containers"][0]["recommended"]["cpuLimit"]
+    assert (int(limit[:-1]) if limit.endswith("m") else int(float(limit) * 1000)) <= 1000
+    # the opt-out annotation: listed, skipped, with the reason
+    legacy = _workload(status, "legacy")
+    assert legacy["state"] == "Skipped" and "unthrottle.io/ignore" in legacy["message"]
+    assert legacy["containers"][0]["recommended"] is None
+    assert status["summary"]["overTarget"] == 1  # checkout; legacy is skipped
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "True"
+    assert status["observedGeneration"] == 1
+    # every field written is declared in the CRD (a structural schema prunes the others)
+    from unthrottle.model.crd import crd
+
+    schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+    assert _undeclared(status, schema) == []
+    # a summary event on the policy
+    assert any(e["reason"] == "Recommended" and e["type"] == "Normal"
+               for e in running.events("shop", "pay"))  # fmt: skip
+    # the report ConfigMap, owned by the policy
+    report = running.kube.get("v1/configmaps", "shop", "pay-report")
+    assert report is not None
+    policy = running.kube.get(POLICIES, "shop", "pay")
+    assert policy is not None
+    (owner,) = report["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"]) == (
+        "ThrottlePolicy", "pay", policy["metadata"]["uid"])  # fmt: skip
+    assert "checkout" in report["data"]["report.md"]
+    doc = json.loads(report["data"]["report.json"])
+    assert {w["deployment"] for w in doc["workloads"]} == {"checkout", "catalog", "legacy"}
+    # nothing was patched: Deployments byte for byte as before, and no write reached them
+    after = {w.name: running.kube.get("apps/v1/deployments", w.namespace, w.name) for w in SHOP}
+    assert after == before
+    writes = [r for r in running.kube.requests(path="/deployments")
+              if r.method in {"PATCH", "PUT", "POST", "DELETE"}]  # fmt: skip
+    assert writes == []
+
+
+def test_a_second_policy_over_the_same_deployments_gets_a_conflict(running: Running) -> None:
+    running.status_when("shop", "pay", lambda s: s["summary"]["deployments"] == 3)
+    time.sleep(1.1)  # a creation time after the first policy's (seconds, as the API keeps them)
+    running.policy("shop", "everything", {"window": "12h"})
+    status = running.status_when("shop", "everything", lambda s: bool(s["summary"]))
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "Conflict")
+    assert "pay" in degraded["message"]
+    checkout = _workload(status, "checkout")
+    assert checkout["state"] == "Skipped" and "pay" in checkout["message"]
+    assert _workload(status, "batch")["state"] == "Recommended"  # only the newer one has it
+    assert any(e["reason"] == "Conflict" and e["type"] == "Warning"
+               for e in running.events("shop", "everything"))  # fmt: skip
+    # the older policy keeps its Deployments
+    pay = running.kube.get(POLICIES, "shop", "pay")
+    assert pay is not None
+    assert _workload(pay["status"], "checkout")["state"] == "Recommended"
+    assert next(c for c in pay["status"]["conditions"] if c["type"] == "Degraded")["status"] == (
+        "False")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"window": "²d"}, "window"),
+        ({"limits": {"min": "2", "max": "1"}}, "limits"),
+        ({"targetThrottleRatio": 1.5}, "targetThrottleRatio"),
+        ({"prometheus": "http://evil.example"}, "prometheus"),
+    ],
+    ids=[
+        "a window with non-ASCII digits",
+        "limits.min above limits.max",
+        "a ratio above 1",
+        "a field the spec does not have",
+    ],
+)
+def test_an_invalid_spec_is_degraded_naming_the_field_and_others_keep_working(
+    running: Running, spec: dict[str, Any], field: str
+) -> None:
+    name = f"broken-{abs(hash(field)) % 10_000}"
+    running.policy("web", name, spec)
+    status = running.status_when("web", name, lambda s: any(
+        c["type"] == "Degraded" and c["status"] == "True" for c in s["conditions"]))  # fmt: skip
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert degraded["reason"] == "InvalidSpec"
+    assert field in degraded["message"]
+    assert any(e["reason"] == "InvalidSpec" and field in e["message"]
+               for e in running.events("web", name))  # fmt: skip
+    running.policy("web", f"good-{name}", {"window": "12h"})
+    good = running.status_when("web", f"good-{name}", lambda s: bool(s["summary"]))
+    assert [w["deployment"] for w in good["workloads"]] == ["frontend"]
+
+
+def test_the_operator_serves_its_metrics_and_liveness(running: Running) -> None:
+    running.status_when("shop", "pay", lambda s: bool(s["summary"]))
+    with urllib.request.urlopen(f"http://{running.metrics}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    assert "unthrottle_operator_reconcile_duration_seconds_count" in text
+    assert 'unthrottle_operator_policies{condition="Reconciled"}' in text
+    assert 'unthrottle_operator_recommendations{state="Recommended"}' in text
+    assert "unthrottle_operator_prometheus_queries_total" in text
+    with urllib.request.urlopen(f"http://{running.liveness}/healthz", timeout=10) as reply:
+        assert reply.status == 200
+
+
+def test_prometheus_stopped_gives_degraded_and_keeps_the_last_good_status(
+    running: Running,
+) -> None:
+    good = running.status_when("shop", "pay", lambda s: bool(s["summary"]))
+    port = running.prom.port
+    running.prom.__exit__(None, None, None)  # Prometheus goes away mid-run
+    running.kube.patch(POLICIES, "shop", "pay", {"spec": {"headroom": 0.15}})  # reconcile now
+    status = running.status_when("shop", "pay", lambda s: next(
+        c for c in s["conditions"] if c["type"] == "Degraded")["reason"] == "PrometheusUnavailable")  # fmt: skip
+    assert status["workloads"] == good["workloads"]  # the last good recommendations stay
+    assert status["lastGoodRun"] == good["lastGoodRun"]
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "False" and good["lastGoodRun"] in ready["message"]
+    assert any(e["reason"] == "PrometheusUnavailable" and e["type"] == "Warning"
+               for e in running.events("shop", "pay"))  # fmt: skip
+    # Prometheus back on the same address: the policy recovers on its next retry
+    running.prom.port, running.prom.url = port, f"http://127.0.0.1:{port}"
+    running.prom.__enter__()
+    recovered = running.status_when("shop", "pay", lambda s: next(
+        c for c in s["conditions"] if c["type"] == "Ready")["status"] == "True")  # fmt: skip
+    assert recovered["lastGoodRun"] >= good["lastGoodRun"]
