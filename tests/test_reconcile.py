@@ -1,0 +1,169 @@
+"""One policy's reconcile, called directly (no Kopf): caps, truncation, engine reuse and
+API faults, against the Kubernetes emulator over HTTP and a real Prometheus."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kube_emulator import KubeEmulator
+from prom import PrometheusServer, requires_prometheus
+from shop import Workload, objects, openmetrics
+from unthrottle.kube.objects import KubeObjects
+from unthrottle.kube.workloads import KubeWorkloadStore
+from unthrottle.metrics.source import PrometheusConfig, PrometheusSource
+from unthrottle.operator.reconcile import Reconciler
+from unthrottle.operator.settings import OperatorSettings
+
+pytestmark = requires_prometheus
+POLICIES = "unthrottle.io/v1alpha1/throttlepolicies"
+MANY = [Workload("big", f"svc-{i:02d}", 0.1, 0.02 * (i % 5), 1.2, 0.5, 1) for i in range(12)]
+
+
+class World:
+    def __init__(self, kube: KubeEmulator, source: PrometheusSource, api: Any) -> None:
+        self.kube, self.source, self.api = kube, source, api
+
+    def reconciler(self, **settings: Any) -> Reconciler:
+        from kubernetes import client
+
+        config = replace(OperatorSettings(self.source.config), **settings)
+        return Reconciler(
+            config, metrics=self.source,
+            workloads=KubeWorkloadStore(client.CoreV1Api(self.api), client.AppsV1Api(self.api)),
+            objects=KubeObjects(self.api),
+        )  # fmt: skip
+
+    def policy(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        return self.kube.create(POLICIES, {
+            "apiVersion": "unthrottle.io/v1alpha1", "kind": "ThrottlePolicy",
+            "metadata": {"namespace": "big", "name": name}, "spec": spec,
+        })  # fmt: skip
+
+    def body(self, name: str) -> dict[str, Any]:
+        found = self.kube.get(POLICIES, "big", name)
+        assert found is not None
+        return found
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    folder = tmp_path_factory.mktemp("reconcile")
+    end = int(time.time()) // 60 * 60
+    with (
+        KubeEmulator() as kube,
+        PrometheusServer(folder, openmetrics=openmetrics(MANY, end, span=6 * 3600)) as prom,
+    ):
+        for w in MANY:
+            for resource, obj in objects(w):
+                kube.put(resource, obj)
+        api = kube.api_client(kube.kubeconfig(folder / "kubeconfig"))
+        yield World(kube, PrometheusSource(PrometheusConfig(prom.url, retries=0)), api)
+
+
+@pytest.fixture(autouse=True)
+def one_policy_at_a_time(world: World) -> Iterator[None]:
+    """Each test's policies go with it: two at once would conflict over the Deployments."""
+    yield
+    for policy in world.kube.list(POLICIES, "big"):
+        world.kube.delete(POLICIES, "big", policy["metadata"]["name"], force=True)
+
+
+def test_status_keeps_the_most_harmful_and_says_how_many_were_left_out(world: World) -> None:
+    world.policy("capped", {"window": "5h"})
+    outcome = world.reconciler(status_max_workloads=5).reconcile(world.body("capped"))
+    assert outcome.fault is None
+    status = world.body("capped")["status"]
+    assert len(status["workloads"]) == 5
+    assert status["summary"]["deployments"] == 12
+    assert status["summary"]["leftOut"] == 7
+    ratios = [max(c["throttleRatio"] or 0 for c in w["containers"]) for w in status["workloads"]]
+    assert ratios == sorted(ratios, reverse=True)  # most harmful first
+    report = world.kube.get("v1/configmaps", "big", "capped-report")
+    assert report is not None
+    assert len(json.loads(report["data"]["report.json"])["workloads"]) == 12  # the rest
+
+
+def test_a_report_too_big_for_a_configmap_is_truncated_with_a_note(world: World) -> None:
+    world.policy("small-report", {"window": "5h"})
+    world.reconciler(report_max_bytes=6_000).reconcile(world.body("small-report"))
+    report = world.kube.get("v1/configmaps", "big", "small-report-report")
+    assert report is not None
+    doc = json.loads(report["data"]["report.json"])
+    assert doc["truncated"]["left_out"] > 0
+    assert len(doc["workloads"]) + doc["truncated"]["left_out"] == 12
+    assert "more Deployments" in report["data"]["report.md"]
+    assert sum(len(v) for v in report["data"].values()) <= 6_000
+
+
+def test_a_second_reconcile_over_the_same_evidence_runs_no_engine(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import unthrottle.scan.pipeline as pipeline
+
+    world.policy("steady", {"window": "5h"})
+    reconciler = world.reconciler()
+    calls: list[int] = []
+    real = pipeline.advise_all
+
+    def counting(jobs: list[Any], workers: int | None = None) -> list[Any]:
+        calls.append(len(jobs))
+        return real(jobs, workers)
+
+    monkeypatch.setattr(pipeline, "advise_all", counting)  # counts calls, changes nothing
+    reconciler.reconcile(world.body("steady"))
+    first = world.body("steady")["status"]["workloads"]
+    reconciler.reconcile(world.body("steady"))
+    assert calls == [12, 0]
+    assert world.body("steady")["status"]["workloads"] == first
+    # a change of policy is a change of inputs: the engine runs again
+    world.kube.patch(POLICIES, "big", "steady", {"spec": {"targetThrottleRatio": 0.02}})
+    reconciler.reconcile(world.body("steady"))
+    assert calls[-1] == 12
+
+
+def test_an_api_error_is_degraded_and_retried_with_backoff(world: World) -> None:
+    world.policy("api-down", {"window": "5h"})
+    reconciler = world.reconciler()
+    assert reconciler.reconcile(world.body("api-down")).fault is None
+    world.kube.fail_next("GET", r"/deployments$", 500, count=2)
+    first = reconciler.reconcile(world.body("api-down"))
+    second = reconciler.reconcile(world.body("api-down"))
+    assert (first.fault, second.fault) == ("ApiUnavailable", "ApiUnavailable")
+    assert second.next_in_s == 2 * first.next_in_s  # backing off
+    status = world.body("api-down")["status"]
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert degraded["reason"] == "ApiUnavailable"
+    assert len(status["workloads"]) == 12  # the last good ones
+    assert reconciler.reconcile(world.body("api-down")).fault is None  # and it recovers
+
+
+def test_a_policy_whose_body_is_garbage_never_raises(world: World) -> None:
+    reconciler = world.reconciler()
+    body = world.policy("garbage", {"window": "5h"})
+    body["spec"] = ["not", "a", "mapping"]
+    outcome = reconciler.reconcile(body)
+    assert outcome.fault == "InvalidSpec"
+    degraded = next(c for c in world.body("garbage")["status"]["conditions"]
+                    if c["type"] == "Degraded")  # fmt: skip
+    assert degraded["reason"] == "InvalidSpec" and "spec" in degraded["message"]
+
+
+def test_gone_deployments_leave_the_status(world: World, tmp_path: Path) -> None:
+    world.policy("shrinking", {"window": "5h", "selector": {"matchLabels": {}}})
+    reconciler = world.reconciler()
+    reconciler.reconcile(world.body("shrinking"))
+    world.kube.delete("apps/v1/deployments", "big", "svc-00")
+    try:
+        reconciler.reconcile(world.body("shrinking"))
+        names = {w["deployment"] for w in world.body("shrinking")["status"]["workloads"]}
+        assert "svc-00" not in names and len(names) == 11
+    finally:
+        for resource, obj in objects(MANY[0]):
+            world.kube.put(resource, obj)
