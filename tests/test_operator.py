@@ -20,6 +20,7 @@ import pytest
 from kube_emulator import KubeEmulator
 from prom import PrometheusServer, free_port, requires_prometheus
 from shop import HEALTHY, THROTTLED, Workload, objects, openmetrics
+from unthrottle.cfs.settings import parse_cpu
 
 pytestmark = requires_prometheus
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
@@ -120,6 +121,10 @@ def _undeclared(value: Any, schema: dict[str, Any], path: str = "status") -> lis
     return []
 
 
+def _condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next(c for c in status["conditions"] if c["type"] == kind)
+
+
 def _workload(status: dict[str, Any], name: str) -> dict[str, Any]:
     return next(w for w in status["workloads"] if w["deployment"] == name)
 
@@ -138,14 +143,12 @@ def test_a_policy_gets_status_events_and_a_report_and_nothing_is_patched(
     assert api["evidence"] == "period"
     assert api["current"]["cpuLimit"] == "500m"
     assert api["throttleRatio"] > 0.05
-    recommended = api["recommended"]["cpuLimit"]
-    assert recommended.endswith("m") and int(recommended[:-1]) > 500 or float(recommended) > 0.5
+    assert parse_cpu(api["recommended"]["cpuLimit"]) > 500
     assert api["expectedThrottleRatio"] <= 0.05
     # the healthy one gets no higher limit
     catalog = _workload(status, "catalog")
     assert catalog["state"] in {"UpToDate", "Recommended"}
-    limit = catalog["containers"][0]["recommended"]["cpuLimit"]
-    assert (int(limit[:-1]) if limit.endswith("m") else int(float(limit) * 1000)) <= 1000
+    assert parse_cpu(catalog["containers"][0]["recommended"]["cpuLimit"]) <= 1000
     # the opt-out annotation: listed, skipped, with the reason
     legacy = _workload(status, "legacy")
     assert legacy["state"] == "Skipped" and "unthrottle.io/ignore" in legacy["message"]
@@ -253,8 +256,8 @@ def test_prometheus_stopped_gives_degraded_and_keeps_the_last_good_status(
     port = running.prom.port
     running.prom.__exit__(None, None, None)  # Prometheus goes away mid-run
     running.kube.patch(POLICIES, "shop", "pay", {"spec": {"headroom": 0.15}})  # reconcile now
-    status = running.status_when("shop", "pay", lambda s: next(
-        c for c in s["conditions"] if c["type"] == "Degraded")["reason"] == "PrometheusUnavailable")  # fmt: skip
+    status = running.status_when("shop", "pay", lambda s: _condition(s, "Degraded")["reason"]
+                                 == "PrometheusUnavailable")  # fmt: skip
     assert status["workloads"] == good["workloads"]  # the last good recommendations stay
     assert status["lastGoodRun"] == good["lastGoodRun"]
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")

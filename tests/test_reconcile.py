@@ -105,7 +105,7 @@ def test_a_report_too_big_for_a_configmap_is_truncated_with_a_note(world: World)
 def test_a_second_reconcile_over_the_same_evidence_runs_no_engine(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import unthrottle.scan.pipeline as pipeline
+    from unthrottle.scan import pipeline
 
     world.policy("steady", {"window": "5h"})
     reconciler = world.reconciler()
