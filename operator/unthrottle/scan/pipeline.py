@@ -242,6 +242,7 @@ def assess(
             pods=len(item.pods), throttle_ratio=item.throttle_ratio(),
             demand=item.demand_millicores(), recommendation=recs.get(key),
             managed=request.containers is None or key.container in request.containers,
+            histogram=tuple(sorted(item.buckets.items())),
         ))  # fmt: skip
     for ns, name in selection.deployments or {}:
         grouped.setdefault((ns, name), [])  # a Deployment with no containers at all

@@ -3,6 +3,7 @@ recommendation; and the problems it met, as data (the scan neither prints nor ex
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -55,6 +56,9 @@ class ContainerResult:
     recommendation: Recommendation | None
     managed: bool = True
     """False for a container the policy's ``containers`` leaves out (shown, never changed)."""
+    histogram: tuple[tuple[float, float], ...] = ()
+    """The agent's per-window demand histogram over the window: (upper bound in cores,
+    cumulative windows), bounds ascending, ``inf`` last; empty without the agent's series."""
 
     def harm(self, target: float) -> float:
         """Throttling × how far over the target: the order people should look in."""
