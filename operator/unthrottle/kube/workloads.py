@@ -52,6 +52,8 @@ class DeploymentInfo:
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
     """The Deployment's own annotations (``unthrottle.io/ignore`` opts it out)."""
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    """The object as the API served it (Apply mode reads its record, status and template)."""
 
 
 class WorkloadStore(Protocol):
@@ -153,7 +155,7 @@ class KubeWorkloadStore:
             out.append(DeploymentInfo(meta.get("namespace", ""), meta.get("name", ""),
                                       {c.name: c for c in specs},
                                       dict(meta.get("labels") or {}),
-                                      dict(meta.get("annotations") or {})))  # fmt: skip
+                                      dict(meta.get("annotations") or {}), item))  # fmt: skip
         return out
 
     def pod_owners(self, namespaces: Iterable[str]) -> Owners:

@@ -17,10 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from unthrottle.kube.deployments import DeploymentStore
 from unthrottle.kube.objects import ObjectStore
 from unthrottle.kube.workloads import WorkloadStore
 from unthrottle.metrics.source import MetricsError, MetricsSource
 from unthrottle.model.policy import SpecError, ThrottlePolicySpec, parse_spec
+from unthrottle.operator.apply import Applier
 from unthrottle.operator.evidence import EvidenceReader, FullWindowReader, PolicyMemory
 from unthrottle.operator.settings import OperatorSettings
 from unthrottle.operator.status import (
@@ -58,6 +60,7 @@ class Reconciler:
     def __init__(self, settings: OperatorSettings, *, metrics: MetricsSource,
                  workloads: WorkloadStore, objects: ObjectStore,
                  evidence: EvidenceReader | None = None,
+                 deployments: DeploymentStore | None = None,
                  telemetry: Telemetry | None = None,
                  clock: Callable[[], float] = time.time) -> None:  # fmt: skip
         self.settings = settings
@@ -68,6 +71,8 @@ class Reconciler:
         self.telemetry = telemetry or Telemetry()
         self.clock = clock
         self.memory: dict[str, PolicyMemory] = {}
+        self.applier = None if deployments is None else Applier(
+            deployments=deployments, objects=objects, metrics=metrics, clock=clock)  # fmt: skip
 
     def forget(self, body: dict[str, Any]) -> None:
         """A policy was deleted: drop its memory."""
@@ -122,7 +127,13 @@ class Reconciler:
         result = self._timed("assess", body, lambda: assess(
             request, selection, found, problems=problems, cache=memory.cache,
             skip=skip))  # fmt: skip
-        view = workloads_status(result, skipped, limit=self.settings.status_max_workloads)
+        overrides = None
+        if spec.mode == "Apply" and self.applier is not None:
+            states = workloads_status(result, skipped, limit=0).states
+            overrides = self._timed("apply", body, lambda: self.applier.run(  # type: ignore[union-attr]
+                body, spec, selection, result, states, skipped))  # fmt: skip
+        view = workloads_status(result, skipped, limit=self.settings.status_max_workloads,
+                                overrides=overrides)  # fmt: skip
         self._timed("report", body, lambda: self._write_report(body, spec, result, view))
         status = self._status(body, spec, now, view, conflicts, result)
         self.objects.patch_status(namespace, name, status)
@@ -181,8 +192,8 @@ class Reconciler:
                          f"{view.summary['overTarget']} over target")  # fmt: skip
         if result.fatal is not None:
             ready_message = result.fatal.message
-        if spec.mode == "Apply":
-            ready_message += "; Apply mode is not available in this version: nothing is patched"
+        if spec.mode == "Apply" and self.applier is None:
+            ready_message += "; Apply mode needs write access to Deployments: nothing is patched"
         conditions = [condition(previous, "Ready", True, "Reconciled", ready_message,
                                 now=now, generation=generation)]  # fmt: skip
         if conflicts:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import kopf
 
+from unthrottle.kube.deployments import KubeDeployments
 from unthrottle.kube.objects import KubeObjects
 from unthrottle.kube.workloads import KubeWorkloadStore
 from unthrottle.metrics.source import PrometheusSource
@@ -46,6 +47,7 @@ def run(settings: OperatorSettings, options: RunOptions) -> None:
         workloads=KubeWorkloadStore(client.CoreV1Api(api), client.AppsV1Api(api),
                                     timeout_s=settings.api_timeout_s),
         objects=KubeObjects(api, timeout_s=settings.api_timeout_s),
+        deployments=KubeDeployments(api, timeout_s=settings.api_timeout_s),
         telemetry=telemetry,
     )  # fmt: skip
     if options.metrics is not None:

@@ -22,6 +22,12 @@ class State(StrEnum):
     UP_TO_DATE = "UpToDate"
     NO_DATA = "NoData"
     SKIPPED = "Skipped"
+    APPLIED = "Applied"
+    """Apply mode: changed, and the change held up through apply.verifyFor."""
+    VERIFYING = "Verifying"
+    """Apply mode: changed; rolling out, or watched for apply.verifyFor."""
+    ROLLED_BACK = "RolledBack"
+    """Apply mode: the change made things worse (or its rollout failed) and was undone."""
 
 
 def timestamp(unix: float) -> str:
@@ -89,13 +95,20 @@ class StatusView:
     states: dict[str, State]
 
 
-def workloads_status(result: ScanResult, skipped: dict[str, str], *, limit: int) -> StatusView:
-    """Every Deployment's state; the ``limit`` most harmful kept in status."""
+def workloads_status(
+    result: ScanResult,
+    skipped: dict[str, str],
+    *,
+    limit: int,
+    overrides: dict[str, tuple[State, str | None]] | None = None,
+) -> StatusView:
+    """Every Deployment's state (Apply mode's ``overrides`` win); the ``limit`` most harmful
+    kept in status."""
     entries, states = [], {}
     over, containers = 0, 0
     worst: float | None = None
     for w in result.workloads:
-        state, message = workload_state(w, skipped)
+        state, message = (overrides or {}).get(w.deployment) or workload_state(w, skipped)
         states[w.deployment] = state
         containers += len(w.containers)
         if state != State.SKIPPED:

@@ -1,0 +1,354 @@
+"""Apply mode: turn a policy's recommendations into patches, a few at a time; verify each
+after its rollout on the kernel's own counters; roll back what made things worse.
+
+Every decision is made from the Deployments' records (``unthrottle.io/last-applied``),
+never from memory, so an operator killed at any point resumes where it was: a record
+with no verdict is a change in verification.
+
+Per Deployment, in order:
+
+=====================  ========================================================
+record                 what happens
+=====================  ========================================================
+ours, no verdict       rollout failed → roll back; rollout done → note the time;
+                       ``verifyFor`` after it → read the new pods' throttling:
+                       worse (above the target and the ratio before, beyond noise)
+                       → roll back (``rollbackIfWorse``), else ``Applied``
+ours, RolledBack       left alone until the policy or the Deployment changes
+ours, Applied          ``cooldown`` after the change, a new change may follow
+none / older           a recommended change, if ``maxConcurrent`` allows
+=====================  ========================================================
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from unthrottle.cfs.settings import MIN_QUOTA_US, format_cpu
+from unthrottle.kube.deployments import DeploymentStore, PatchConflict
+from unthrottle.kube.objects import ObjectStore
+from unthrottle.kube.patching import (
+    ContainerChange,
+    PatchPlanError,
+    Record,
+    RecordError,
+    Settings,
+    apply_patch,
+    plan,
+    record_of,
+    record_patch,
+    rollback_patch,
+)
+from unthrottle.metrics.evidence import WorkloadKey, fetch
+from unthrottle.metrics.source import MetricsError, MetricsSource
+from unthrottle.model.policy import ThrottlePolicySpec
+from unthrottle.operator.gates import rollout, skip_reason
+from unthrottle.operator.status import State
+from unthrottle.scan import ContainerResult, ScanResult, Selection, WorkloadResult
+
+_log = logging.getLogger("unthrottle.operator")
+Outcome = tuple[State, str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class VerifySettings:
+    """When a change counts as worse."""
+
+    noise: float = 0.02
+    """Throttle ratios within this of the ratio before are the same (absolute)."""
+    sigmas: float = 3.0
+    """…or within this many binomial standard deviations of it, on the periods seen."""
+
+
+def _pct(ratio: float | None) -> str:
+    return "?" if ratio is None else f"{ratio * 100:.0f} %"
+
+
+def _ms(us: int) -> str:
+    return f"{us / 1000:g}ms"
+
+
+def describe(change: ContainerChange, policy: str) -> str:
+    """``raised CPU limit of api 500m → 900m, burst 20ms (policy p: 41 % …; expected 2 %)``."""
+    before, after = change.before, change.after
+    parts = []
+    if after.cpu_limit != before.cpu_limit and after.cpu_limit is not None:
+        verb = "raised" if before.cpu_limit is None or after.cpu_limit > before.cpu_limit else (
+            "lowered")  # fmt: skip
+        was = "none" if before.cpu_limit is None else format_cpu(before.cpu_limit)
+        parts.append(f"{verb} CPU limit of {change.name} {was} → {format_cpu(after.cpu_limit)}")
+    if after.burst_us != before.burst_us:
+        parts.append(f"burst {_ms(after.burst_us)}")
+    if after.gomaxprocs != before.gomaxprocs and after.gomaxprocs is not None:
+        parts.append(f"GOMAXPROCS {after.gomaxprocs}")
+    if not parts:
+        parts.append(f"{change.name} unchanged")
+    return (f"{', '.join(parts)} (policy {policy}: {_pct(change.ratio_before)} of periods "
+            f"throttled; expected {_pct(change.expected_ratio)})")  # fmt: skip
+
+
+def _gomaxprocs_env(container: dict[str, Any]) -> tuple[bool, int | None]:
+    """(present, value): GOMAXPROCS in the container's env (a valueFrom counts as present)."""
+    for entry in container.get("env") or []:
+        if entry.get("name") == "GOMAXPROCS":
+            value = entry.get("value")
+            return True, int(value) if isinstance(value, str) and value.isdigit() else None
+    return False, None
+
+
+def changes_for(workload: WorkloadResult, raw: dict[str, Any], spec: ThrottlePolicySpec,
+                previous: Record | None) -> list[ContainerChange]:  # fmt: skip
+    """The containers whose recommendation changes something, as valid changes only:
+    never a limit below the request, a quota under 1 ms or a burst above the quota."""
+    containers = {c.get("name"): c for c in raw["spec"]["template"]["spec"].get("containers", [])}
+    ours_before = {c.name: c.after.gomaxprocs for c in (previous.containers if previous else ())}
+    out = []
+    for c in workload.containers:
+        rec = c.recommendation
+        if rec is None or not c.managed or rec.limit_millicores is None or c.name not in containers:
+            continue
+        limit = max(rec.limit_millicores, c.request_millicores)
+        burst = min(rec.burst_us, limit * 100) if spec.burst.enabled else c.burst_us
+        present, env_value = _gomaxprocs_env(containers[c.name])
+        ours = not present or (env_value is not None and ours_before.get(c.name) == env_value)
+        gomaxprocs = env_value
+        if spec.processors.enabled and rec.gomaxprocs is not None and ours:
+            gomaxprocs = rec.gomaxprocs
+        if limit * 100 < MIN_QUOTA_US or burst > limit * 100:
+            continue  # never an invalid patch (the engine does not produce these)
+        before = Settings(c.limit_millicores, c.burst_us, env_value)
+        after = Settings(limit, burst, gomaxprocs)
+        if before != after:
+            out.append(ContainerChange(c.name, before, after, c.throttle_ratio,
+                                       rec.expected_throttle_ratio, ours))  # fmt: skip
+    return out
+
+
+class Applier:
+    """Runs Apply mode's step of one reconcile."""
+
+    def __init__(self, *, deployments: DeploymentStore, objects: ObjectStore,
+                 metrics: MetricsSource, clock: Callable[[], float],
+                 verify: VerifySettings | None = None) -> None:  # fmt: skip
+        self.deployments = deployments
+        self.objects = objects
+        self.metrics = metrics
+        self.clock = clock
+        self.verify = verify or VerifySettings()
+
+    def run(self, body: dict[str, Any], spec: ThrottlePolicySpec, selection: Selection,
+            result: ScanResult, states: dict[str, State],
+            skipped: dict[str, str]) -> dict[str, Outcome]:  # fmt: skip
+        """States (and messages) for the Deployments Apply acted on or held back."""
+        meta = body["metadata"]
+        namespace, policy = meta["namespace"], meta["name"]
+        now = self.clock()
+        out: dict[str, Outcome] = {}
+        vpas = self.deployments.vpas(namespace)
+        infos = selection.deployments or {}
+        in_flight = 0
+        for w in result.workloads:
+            info = infos.get((w.namespace, w.deployment))
+            if info is None or w.deployment in skipped:
+                continue
+            try:
+                record = record_of(info.raw)
+            except RecordError as error:
+                out[w.deployment] = (State.SKIPPED, f"{error}: fix or remove the annotation")
+                continue
+            if record is not None and record.policy == policy and record.in_verification():
+                outcome = self._verify(body, spec, selection, info.raw, record, w, now)
+                out[w.deployment] = outcome
+                in_flight += outcome[0] == State.VERIFYING
+        for w in result.workloads:  # most harmful first
+            if w.deployment in out or w.deployment in skipped:
+                continue
+            info = infos.get((w.namespace, w.deployment))
+            if info is None:
+                continue
+            held = self._held(body, spec, info.raw, vpas, now)
+            if held is not None:
+                if states.get(w.deployment) == State.RECOMMENDED or held[0] != State.SKIPPED:
+                    out[w.deployment] = held
+                continue
+            if states.get(w.deployment) != State.RECOMMENDED:
+                continue
+            if not spec.apply.dry_run and in_flight >= spec.apply.max_concurrent:
+                limit = spec.apply.max_concurrent
+                out[w.deployment] = (State.RECOMMENDED, f"waiting: {in_flight} of this "
+                                     "policy's changes are rolling out or in verification "
+                                     f"(apply.maxConcurrent {limit})")  # fmt: skip
+                continue
+            outcome = self._change(body, spec, w, info.raw, now)
+            out[w.deployment] = outcome
+            in_flight += outcome[0] == State.VERIFYING
+        return out
+
+    # -- holding back ------------------------------------------------------------------
+
+    def _held(self, body: dict[str, Any], spec: ThrottlePolicySpec, raw: dict[str, Any],
+              vpas: list[dict[str, Any]] | None, now: float) -> Outcome | None:  # fmt: skip
+        reason = skip_reason(raw, vpas, gitops_patch=spec.apply.git_ops == "Patch")
+        if reason is not None:
+            return State.SKIPPED, reason
+        try:
+            record = record_of(raw)
+        except RecordError:
+            return None
+        if record is None or record.policy != body["metadata"]["name"]:
+            return None
+        generation = body["metadata"].get("generation")
+        if record.verdict == "RolledBack":
+            unchanged = (record.policy_generation == generation
+                         and record.generation == raw["metadata"].get("generation"))  # fmt: skip
+            if unchanged:
+                return State.ROLLED_BACK, (f"rolled back: {record.verdict_reason}; not tried "
+                                           "again until the policy or the Deployment "
+                                           "changes")  # fmt: skip
+            return None
+        if record.verdict == "Applied" and now < record.at + spec.apply.cooldown_s:
+            return State.APPLIED, (f"applied: {self._summary(record)}; cooldown until "
+                                   f"{_iso(record.at + spec.apply.cooldown_s)}")  # fmt: skip
+        return None
+
+    @staticmethod
+    def _summary(record: Record) -> str:
+        parts = []
+        for c in record.containers:
+            after = record.ratio_after.get(c.name)
+            parts.append(f"{c.name} {_pct(c.ratio_before)} → {_pct(after)} of periods throttled")
+        return ", ".join(parts)
+
+    # -- changing ----------------------------------------------------------------------
+
+    def _change(self, body: dict[str, Any], spec: ThrottlePolicySpec, w: WorkloadResult,
+                listed: dict[str, Any], now: float) -> Outcome:  # fmt: skip
+        meta = body["metadata"]
+        namespace, policy = meta["namespace"], meta["name"]
+        raw = self.deployments.get(namespace, w.deployment) or listed  # fresh: smaller races
+        try:
+            previous = record_of(raw)
+        except RecordError:
+            previous = None
+        changes = changes_for(w, raw, spec, previous)
+        if not changes:
+            return State.UP_TO_DATE, None
+        record = plan(raw, changes, policy=policy, policy_uid=str(meta.get("uid")),
+                      policy_generation=int(meta.get("generation") or 0), now=now)  # fmt: skip
+        text = "; ".join(describe(c, policy) for c in changes)
+        try:
+            ops = apply_patch(raw, record)
+            self.deployments.json_patch(namespace, w.deployment, ops, dry_run=spec.apply.dry_run)
+        except PatchConflict as error:
+            return State.RECOMMENDED, f"{error}: re-read and retried on the next cycle"
+        except PatchPlanError as error:
+            return State.SKIPPED, str(error)
+        if spec.apply.dry_run:
+            self._event(raw, "Normal", "DryRun", f"dry run, nothing changed: would have {text}")
+            return State.RECOMMENDED, f"dry run (the API server accepted it): would have {text}"
+        self._event(raw, "Normal", "Applied", text)
+        return State.VERIFYING, f"changed: {text}; waiting for the rollout"
+
+    # -- verifying ---------------------------------------------------------------------
+
+    def _verify(self, body: dict[str, Any], spec: ThrottlePolicySpec, selection: Selection,
+                raw: dict[str, Any], record: Record, w: WorkloadResult,
+                now: float) -> Outcome:  # fmt: skip
+        namespace = body["metadata"]["namespace"]
+        state = rollout(raw)
+        if state == "failed":
+            return self._rollback(raw, record, now, "the rollout failed (ProgressDeadlineExceeded)")
+        if state == "progressing" and record.rollout_done_at is None:
+            return State.VERIFYING, f"rolling out: {self._describe(record)}"
+        if record.rollout_done_at is None:
+            record = replace(record, rollout_done_at=now)
+            if not self._rewrite(raw, record):
+                return State.VERIFYING, "the record changed meanwhile: re-read next cycle"
+        assert record.rollout_done_at is not None
+        ready_at = record.rollout_done_at + spec.apply.verify_for_s
+        if now < ready_at:
+            return State.VERIFYING, (f"rolled out; verifying until {_iso(ready_at)}: "
+                                     f"{self._describe(record)}")  # fmt: skip
+        window = max(60, math.floor(now - record.rollout_done_at))
+        try:
+            found = fetch(self.metrics, [namespace], window, at=now, owners=selection.owners)
+        except MetricsError as error:
+            return State.VERIFYING, f"no verdict while Prometheus cannot answer ({error})"
+        after: dict[str, float | None] = {}
+        worse = []
+        for c in record.containers:
+            item = found.get(WorkloadKey(namespace, w.deployment, c.name))
+            ratio = item.throttle_ratio() if item is not None else None
+            if ratio is None:
+                return State.VERIFYING, "no counters for the new pods yet: no verdict"
+            after[c.name] = ratio
+            if self._worse(c.ratio_before, ratio, item.periods if item else 0,
+                           spec.target_throttle_ratio):  # fmt: skip
+                worse.append(f"{c.name} {_pct(c.ratio_before)} → {_pct(ratio)}")
+        record = replace(record, ratio_after=after)
+        if worse and spec.apply.rollback_if_worse:
+            why = f"throttling got worse: {', '.join(worse)} of periods"
+            return self._rollback(raw, record, now, why)
+        done = replace(record, verdict="Applied", verdict_at=now,
+                       verdict_reason="worse, kept (rollbackIfWorse is false)" if worse else
+                       "throttling at or under the target, or better than before")  # fmt: skip
+        if not self._rewrite(raw, done):
+            return State.VERIFYING, "the record changed meanwhile: re-read next cycle"
+        self._event(raw, "Normal", "Verified", f"kept: {self._summary(done)}")
+        return State.APPLIED, f"applied: {self._summary(done)}"
+
+    def _worse(self, before: float | None, after: float, periods: float, target: float) -> bool:
+        if after <= target:
+            return False
+        base = before or 0.0
+        spread = self.verify.sigmas * math.sqrt(max(base * (1 - base), 1e-9) / max(periods, 1))
+        return after > base + max(self.verify.noise, spread)
+
+    def _rollback(self, raw: dict[str, Any], record: Record, now: float, reason: str) -> Outcome:
+        meta = raw["metadata"]
+        try:
+            ops, _ = rollback_patch(raw, record, now=now, reason=reason)
+            self.deployments.json_patch(meta["namespace"], meta["name"], ops)
+        except PatchConflict as error:
+            return State.VERIFYING, f"rollback postponed: {error}"
+        except PatchPlanError as error:
+            return State.SKIPPED, f"not rolled back: {error}"
+        text = ", ".join(
+            f"CPU limit of {c.name} back to "
+            f"{'none' if c.before.cpu_limit is None else format_cpu(c.before.cpu_limit)}"
+            for c in record.containers
+        )
+        self._event(raw, "Warning", "RolledBack", f"rolled back: {reason}; {text}")
+        return State.ROLLED_BACK, f"rolled back: {reason}"
+
+    def _rewrite(self, raw: dict[str, Any], record: Record) -> bool:
+        meta = raw["metadata"]
+        try:
+            self.deployments.json_patch(meta["namespace"], meta["name"], record_patch(raw, record))
+        except PatchConflict:
+            return False
+        return True
+
+    @staticmethod
+    def _describe(record: Record) -> str:
+        return "; ".join(describe(c, record.policy) for c in record.containers)
+
+    def _event(self, raw: dict[str, Any], kind: str, reason: str, message: str) -> None:
+        involved = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": raw["metadata"]}
+        try:
+            self.objects.event(involved, kind, reason, message)
+        except Exception as error:  # an event is worth a log line, not a failed change
+            _log.warning("cannot post event %s: %s", reason, error)
+
+
+def _iso(unix: float) -> str:
+    from unthrottle.operator.status import timestamp
+
+    return timestamp(unix)
+
+
+__all__ = ["Applier", "ContainerResult", "VerifySettings", "changes_for", "describe"]
