@@ -41,10 +41,12 @@ class Workload:
     annotations: dict[str, str] = field(default_factory=dict)
     container: str = "app"
     env: tuple[tuple[str, str], ...] = ()
+    template_hash: str = "7c9d8f"
+    """The pod-template-hash of its ReplicaSet: a rollout makes a new one."""
 
     @property
     def replicaset(self) -> str:
-        return f"{self.name}-7c9d8f"
+        return f"{self.name}-{self.template_hash}"
 
     def pod_names(self) -> list[str]:
         """Names as the ReplicaSet controller makes them (``<rs>-<5 chars>``)."""

@@ -62,6 +62,8 @@ class ContainerChange:
     expected_ratio: float | None
     gomaxprocs_ours: bool = False
     """GOMAXPROCS is ours to set: absent before, or set by an earlier record of ours."""
+    env_absent: bool = False
+    """The container had no ``env`` at all: a rollback removes the list we added."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +79,8 @@ class Record:
     burst_key: str | None = None
     burst_before: str | None = None
     burst_after: str | None = None
+    burst_map_absent: bool = False
+    """The pod template had no annotations: a rollback removes the map we added."""
     generation: int | None = None
     """The Deployment's metadata.generation the change gives (its rollout is that one)."""
     rollout_done_at: float | None = None
@@ -173,12 +177,15 @@ def _burst_value(annotations: dict[str, str], changes: list[ContainerChange],
 
 
 def _set_env(container: dict[str, Any], base: str, value: int | None,
-             ops: list[dict[str, Any]]) -> None:  # fmt: skip
-    """Set (or, with None, remove) GOMAXPROCS in a container's env."""
+             ops: list[dict[str, Any]], *, drop_empty: bool = False) -> None:  # fmt: skip
+    """Set (or, with None, remove) GOMAXPROCS in a container's env; ``drop_empty``: remove
+    the env list too when that leaves it empty (it was absent before)."""
     env = container.get("env")
     index = next((i for i, e in enumerate(env or []) if e.get("name") == "GOMAXPROCS"), None)
     if value is None:
-        if index is not None:
+        if index is not None and drop_empty and len(env or []) == 1:
+            ops.append({"op": "remove", "path": f"{base}/env"})
+        elif index is not None:
             ops.append({"op": "remove", "path": f"{base}/env/{index}"})
         return
     entry = {"name": "GOMAXPROCS", "value": str(value)}
@@ -224,12 +231,15 @@ def _guard(deployment: dict[str, Any], indexes: dict[str, int]) -> list[dict[str
     return ops
 
 
-def _annotation_ops(meta: dict[str, Any] | None, base: str, key: str,
-                    value: str | None) -> list[dict[str, Any]]:  # fmt: skip
-    """Set (or remove, with None) one annotation under ``base`` (a metadata pointer)."""
+def _annotation_ops(meta: dict[str, Any] | None, base: str, key: str, value: str | None,
+                    *, drop_empty: bool = False) -> list[dict[str, Any]]:  # fmt: skip
+    """Set (or remove, with None) one annotation under ``base`` (a metadata pointer);
+    ``drop_empty``: remove the map too when that leaves it empty (it was absent before)."""
     annotations = (meta or {}).get("annotations")
     if value is None:
         if annotations and key in annotations:
+            if drop_empty and len(annotations) == 1:
+                return [{"op": "remove", "path": f"{base}/annotations"}]
             return [{"op": "remove", "path": f"{base}/annotations{pointer(key)}"}]
         return []
     if meta is None:
@@ -280,9 +290,13 @@ def plan(deployment: dict[str, Any], changes: list[ContainerChange], *, policy: 
     if any(c.after.burst_us != c.before.burst_us for c in changes):
         quota = {c.name: (c.after.cpu_limit or 0) * 100 for c in changes}  # µs at 100 ms
         key, before, after = _burst_value(annotations, changes, quota)
+    containers = {c.get("name"): c for c in _containers(deployment)}
+    changes = [replace(c, env_absent=containers.get(c.name, {}).get("env") is None)
+               for c in changes]  # fmt: skip
     return Record(
         policy=policy, policy_uid=policy_uid, policy_generation=policy_generation, at=now,
         containers=tuple(changes), burst_key=key, burst_before=before, burst_after=after,
+        burst_map_absent=template_meta.get("annotations") is None,
         generation=int(meta.get("generation") or 0) + 1,
     )  # fmt: skip
 
@@ -306,11 +320,11 @@ def rollback_patch(deployment: dict[str, Any], record: Record, *, now: float,
         if c.after.cpu_limit != c.before.cpu_limit:
             _set_limit(container, base, c.before.cpu_limit, ops)
         if c.gomaxprocs_ours and c.after.gomaxprocs != c.before.gomaxprocs:
-            _set_env(container, base, c.before.gomaxprocs, ops)
+            _set_env(container, base, c.before.gomaxprocs, ops, drop_empty=c.env_absent)
     if record.burst_key is not None:
         template_meta = deployment["spec"]["template"].get("metadata")
         ops += _annotation_ops(template_meta, "/spec/template/metadata", record.burst_key,
-                               record.burst_before)  # fmt: skip
+                               record.burst_before, drop_empty=record.burst_map_absent)  # fmt: skip
     done = replace(record, verdict="RolledBack", verdict_at=now, verdict_reason=reason,
                    generation=int(deployment["metadata"].get("generation") or 0) + 1)  # fmt: skip
     return ops + _record_ops(deployment, done), done
