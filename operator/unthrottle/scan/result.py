@@ -91,6 +91,10 @@ class ContainerResult:
             "recommendation": None
             if self.recommendation is None
             else self.recommendation.to_json(),
+            "histogram": [
+                {"le": "+Inf" if math.isinf(bound) else bound, "windows": round(count)}
+                for bound, count in self.histogram
+            ],
         }
 
 
