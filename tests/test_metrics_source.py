@@ -45,7 +45,7 @@ class TestEscaping:
             any_of("namespace", [])
 
     def test_queries_are_batched_one_per_metric(self) -> None:
-        queries = counter_queries(["a", "b", "c"], "7d")
+        queries = counter_queries(["a", "b", "c"], 7 * 86_400)
         assert len(queries) == 4
         assert all('namespace=~"a|b|c"' in q and 'container!="POD"' in q for q in queries.values())
 
@@ -70,11 +70,11 @@ def test_hostile_names_select_only_their_own_series_on_a_real_prometheus(tmp_pat
     with PrometheusServer(tmp_path, openmetrics=history(now)) as prom:
         source = PrometheusSource(PrometheusConfig(prom.url))
         for ns in HOSTILE:
-            query = counter_queries([ns], "1h")["periods"]
+            query = counter_queries([ns], 3600)["periods"]
             samples = source.instant(query, at=now)
             assert [s.labels["namespace"] for s in samples] == [ns], (ns, query, samples)
             assert samples[0].labels["container"] == "c"  # the POD series is dropped
-        both = source.instant(counter_queries(["shop", "a|b"], "1h")["periods"], at=now)
+        both = source.instant(counter_queries(["shop", "a|b"], 3600)["periods"], at=now)
         assert sorted(s.labels["namespace"] for s in both) == ["a|b", "shop"]
         assert source.queries == len(HOSTILE) + 1
         # ".*" as a value is a name, not a pattern: the namespace literally called ".*" has

@@ -167,3 +167,31 @@ def test_gone_deployments_leave_the_status(world: World, tmp_path: Path) -> None
     finally:
         for resource, obj in objects(MANY[0]):
             world.kube.put(resource, obj)
+
+
+def test_a_restarted_operator_reads_only_the_gap_from_its_checkpoint(world: World) -> None:
+    from unthrottle.operator.evidence import IncrementalReader
+
+    clock = [float(int(time.time()) // 60 * 60 - 1800)]
+
+    def restarted() -> tuple[Reconciler, IncrementalReader]:
+        reconciler = world.reconciler()
+        reader = IncrementalReader(world.source, reconciler.objects, clock=lambda: clock[0])
+        reconciler.evidence, reconciler.clock = reader, lambda: clock[0]
+        return reconciler, reader
+
+    world.policy("kept", {"window": "5h"})
+    first, reader = restarted()
+    assert first.reconcile(world.body("kept")).fault is None
+    assert [r.kind for r in reader.reads] == ["full"]
+    checkpoint = world.kube.get("v1/configmaps", "big", "kept-evidence")
+    assert checkpoint is not None and checkpoint["binaryData"]["checkpoint"]
+    assert checkpoint["metadata"]["ownerReferences"][0]["name"] == "kept"
+    before = {w["deployment"]: w["containers"] for w in world.body("kept")["status"]["workloads"]}
+    clock[0] += 600  # ten minutes later, a new operator process
+    second, reader = restarted()
+    assert second.reconcile(world.body("kept")).fault is None
+    assert [r.kind for r in reader.reads] == ["head", "tail"]
+    after = {w["deployment"]: w["containers"] for w in world.body("kept")["status"]["workloads"]}
+    assert {d: [c["recommended"] for c in cs] for d, cs in after.items()} == {
+        d: [c["recommended"] for c in cs] for d, cs in before.items()}  # fmt: skip

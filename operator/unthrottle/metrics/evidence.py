@@ -9,6 +9,11 @@ pods:
 - the agent's demand histogram (``unthrottle_cpu_demand_cores_bucket``);
 - today's CPU limits and requests (``kube_pod_container_resource_*``).
 
+:func:`fetch` sends them as instant queries over the window; the same batch
+sent as range queries gives the evidence span by span
+(:mod:`unthrottle.metrics.incremental`), and both group their answers with
+:func:`gather`.
+
 Results are grouped in Python by (namespace, deployment, container). Summing
 increases over a Deployment's pods handles pod churn: a pod that lived an hour
 of the window adds an hour of periods. Usage per active period, rather than
@@ -21,22 +26,23 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple, Protocol, TypeVar
 
 from unthrottle.cfs.settings import DEFAULT_PERIOD_US
 from unthrottle.metrics.promql import (
     BY_CONTAINER,
+    CONTAINERS,
     RECORDED,
-    counter_queries,
     duration,
     namespaces_matcher,
     recorded_query,
     selector,
 )
-from unthrottle.metrics.source import MetricsError, MetricsSource, Sample
+from unthrottle.metrics.promql import _counters as counters_over
+from unthrottle.metrics.source import MetricsError, MetricsSource
 from unthrottle.model.owners import Owners
 from unthrottle.recommend.histogram import evidence_from_histogram, highest, quantile
 from unthrottle.recommend.types import CounterEvidence, PeriodEvidence
@@ -119,6 +125,15 @@ class ContainerEvidence:
         return bounds, [self.buckets[b] for b in bounds]
 
 
+class Slot(NamedTuple):
+    """Evidence over one span of time: increases over (start, end], settings at ``end``."""
+
+    start: float
+    """Unix time, seconds (millisecond precision)."""
+    end: float
+    evidence: dict[WorkloadKey, ContainerEvidence]
+
+
 QUERIES_WITH_OWNERS = 9
 """Queries :func:`fetch` sends when it must ask kube-state-metrics for owners (7 otherwise)."""
 CONCURRENCY = 3
@@ -132,6 +147,10 @@ _COUNTER_FIELDS = {  # query name → ContainerEvidence field
     "throttled_periods": "throttled_periods",
     "throttled_seconds": "throttled_s",
 }
+
+
+EVIDENCE_QUERIES = (*_COUNTER_FIELDS, "histogram")
+"""The queries that read increases (the rest read owners and today's settings)."""
 
 
 def metric_of(promql: str) -> str:
@@ -148,21 +167,37 @@ def queries(
     ``recorded``: counters and histogram from unthrottle's recording rules
     (:func:`~unthrottle.metrics.promql.recording_rules`) instead of raw samples.
     """
-    ns = namespaces_matcher(namespaces)
     window = duration(window_s)
+    if recorded:
+        evidence = {name: recorded_query(name, namespaces, window_s) for name in EVIDENCE_QUERIES}
+    else:
+        evidence = increase_queries(namespaces, window)
+    return batch_queries(namespaces, evidence, owners_window=window if with_owners else None)
+
+
+def increase_queries(namespaces: list[str], window: str) -> dict[str, str]:
+    """The four counters' and the histogram's increase over ``window``, a PromQL range
+    (``86400s``, ``3600000ms``), per container (and ``le``)."""
+    ns = namespaces_matcher(namespaces)
+    out = counters_over((ns, *CONTAINERS), window)
+    bucket = selector("unthrottle_cpu_demand_cores_bucket", ns)
+    out["histogram"] = f"sum by ({BY_CONTAINER}, le) (increase({bucket}[{window}]))"
+    return out
+
+
+def batch_queries(
+    namespaces: list[str], evidence: dict[str, str], *, owners_window: str | None
+) -> dict[str, str]:
+    """Owners over ``owners_window`` (None: they are known), the ``evidence`` queries, then
+    today's limits and requests: every query of a batch, in the order answers are used."""
+    ns = namespaces_matcher(namespaces)
     out = {}
-    if with_owners:  # every owner seen in the window: pods that are gone count too
+    if owners_window is not None:  # every owner seen in the window: pods that are gone count too
         rs = selector("kube_replicaset_owner", ns, 'owner_kind="Deployment"')
         pods = selector("kube_pod_owner", ns, 'owner_kind="ReplicaSet"')
-        out["replicaset_owners"] = f"last_over_time({rs}[{window}])"
-        out["pod_owners"] = f"last_over_time({pods}[{window}])"
-    if recorded:
-        for name in (*_COUNTER_FIELDS, "histogram"):
-            out[name] = recorded_query(name, namespaces, window_s)
-    else:
-        out.update(counter_queries(namespaces, window_s))
-        bucket = selector("unthrottle_cpu_demand_cores_bucket", ns)
-        out["histogram"] = f"sum by ({BY_CONTAINER}, le) (increase({bucket}[{window}]))"
+        out["replicaset_owners"] = f"last_over_time({rs}[{owners_window}])"
+        out["pod_owners"] = f"last_over_time({pods}[{owners_window}])"
+    out.update(evidence)
     out["limits"] = selector("kube_pod_container_resource_limits", ns, 'resource="cpu"')
     out["requests"] = selector("kube_pod_container_resource_requests", ns, 'resource="cpu"')
     return out
@@ -185,14 +220,24 @@ def recorded_covers(
     return bool(source.instant(probe, at))
 
 
-def _namespaces_of(owners: Owners | None) -> list[str]:
-    """The namespaces in which pods or ReplicaSets are known (none before owners are)."""
+def split_namespaces(namespaces: list[str], owners: Owners | None) -> list[str]:
+    """The parts a query refused as too big is split into: the namespaces asked for, else
+    those in which pods or ReplicaSets are known (none before owners are)."""
+    if namespaces:
+        return sorted(set(namespaces))
     if owners is None:
         return []
     return sorted({ns for ns, _ in owners.pods} | {ns for ns, _ in owners.replicasets})
 
 
-def _owners(replicasets: list[Sample], pods: list[Sample]) -> Owners:
+class Labelled(Protocol):
+    """A series of an instant or a range query: what owners are read from."""
+
+    @property
+    def labels(self) -> dict[str, str]: ...
+
+
+def owners_of(replicasets: Iterable[Labelled], pods: Iterable[Labelled]) -> Owners:
     """Pods and ReplicaSets → Deployment, from kube-state-metrics."""
     owners = Owners()
     for s in replicasets:  # a series without the labels kube-state-metrics gives is skipped
@@ -248,41 +293,76 @@ def fetch(
     not yet sent are not sent.
     """
     with_owners = owners is None
-    sent = queries(namespaces, window_s, with_owners=with_owners, recorded=recorded)
 
-    def split(name: str, error: MetricsError) -> list[Sample]:
-        parts = sorted(set(namespaces)) if namespaces else _namespaces_of(owners)
-        if len(parts) < 2:
-            raise error
-        _log.warning("%s; sending it once per namespace instead (%d queries)", error, len(parts))
-        out: list[Sample] = []
-        for ns in parts:
-            part = queries([ns], window_s, with_owners=with_owners, recorded=recorded)[name]
-            out += source.instant(part, at)
-        return out
+    def build(names: list[str]) -> dict[str, str]:
+        return queries(names, window_s, with_owners=with_owners, recorded=recorded)
+
+    def parts() -> list[str]:  # the owners known by the time a query is refused
+        return split_namespaces(namespaces, owners)
 
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-        pending = {name: pool.submit(source.instant, promql, at) for name, promql in sent.items()}
-
-        def answer(name: str) -> list[Sample]:
-            try:
-                try:
-                    result = pending[name].result()
-                except MetricsError as error:
-                    if not error.too_big:
-                        raise
-                    result = split(name, error)
-            except BaseException:
-                for future in pending.values():
-                    future.cancel()
-                raise
-            if on_query is not None:
-                on_query(metric_of(sent[name]))
-            return result
-
+        answer = in_flight(pool, lambda _, promql: source.instant(promql, at), build(namespaces),
+                           build, parts, on_query)  # fmt: skip
         if owners is None:
-            owners = _owners(answer("replicaset_owners"), answer("pod_owners"))
-        return _gather(owners, answer)
+            owners = owners_of(answer("replicaset_owners"), answer("pod_owners"))
+
+        def points(name: str) -> Iterator[Points]:
+            return ((s.labels, _FIRST_STEP, (s.value,)) for s in answer(name))
+
+        return gather(owners, points)[0]
+
+
+R = TypeVar("R")
+
+
+def in_flight(
+    pool: ThreadPoolExecutor,
+    send: Callable[[str, str], list[R]],
+    sent: dict[str, str],
+    build: Callable[[list[str]], dict[str, str]],
+    parts: Callable[[], list[str]],
+    on_query: Callable[[str], None] | None,
+) -> Callable[[str], list[R]]:
+    """Send every query of ``sent`` (name → PromQL) on the pool at once, as
+    ``send(name, promql)``; the function returned waits for one query's answer, by name.
+
+    A query Prometheus refuses as too big is sent again once per namespace of ``parts()``
+    (``build([namespace])[name]``), one after another, and the answers are joined. If
+    there are fewer than two parts, or a part is refused too, the error is raised, and the
+    queries not yet sent are cancelled. ``on_query`` hears each query's metric as its
+    answer is used.
+    """
+    pending = {name: pool.submit(send, name, promql) for name, promql in sent.items()}
+
+    def split(name: str, error: MetricsError) -> list[R]:
+        namespaces = parts()
+        if len(namespaces) < 2:
+            raise error
+        _log.warning(
+            "%s; sending it once per namespace instead (%d queries)", error, len(namespaces)
+        )
+        out: list[R] = []
+        for ns in namespaces:
+            out += send(name, build([ns])[name])
+        return out
+
+    def answer(name: str) -> list[R]:
+        try:
+            try:
+                result = pending[name].result()
+            except MetricsError as error:
+                if not error.too_big:
+                    raise
+                result = split(name, error)
+        except BaseException:
+            for future in pending.values():
+                future.cancel()
+            raise
+        if on_query is not None:
+            on_query(metric_of(sent[name]))
+        return result
+
+    return answer
 
 
 def _bound(le: str | None) -> float | None:
@@ -293,48 +373,78 @@ def _bound(le: str | None) -> float | None:
         return None
 
 
-def _gather(
-    owners: Owners, answer: Callable[[str], list[Sample]]
-) -> dict[WorkloadKey, ContainerEvidence]:
-    """Group the answers by Deployment container."""
-    found: dict[WorkloadKey, ContainerEvidence] = {}
-    # (namespace, pod, container) → its Deployment container's evidence, or None when it is
-    # not one: the same container comes back in every query (28 times in the histogram's)
-    seen: dict[tuple[str, str, str], ContainerEvidence | None] = {}
+Points = tuple[dict[str, str], Sequence[int], Sequence[float]]
+"""A series' labels, the steps (0, 1, …) of the evaluation at which it has a value, and
+those values: one step for an instant query, ``steps`` for a range query."""
+_FIRST_STEP = (0,)
 
-    def entry(labels: dict[str, str]) -> ContainerEvidence | None:
-        ident = (labels.get("namespace", ""), labels.get("pod", ""), labels.get("container", ""))
+
+def gather(
+    owners: Owners, answer: Callable[[str], Iterable[Points]], steps: int = 1
+) -> list[dict[WorkloadKey, ContainerEvidence]]:
+    """Group the answers by Deployment container, at each step of the evaluation."""
+    found: list[dict[WorkloadKey, ContainerEvidence]] = [{} for _ in range(steps)]
+    # (namespace, pod, container) → its Deployment container and pod, or None when it is
+    # not one: the same container comes back in every query (28 times in the histogram's)
+    seen: dict[tuple[str, str, str], tuple[WorkloadKey, str] | None] = {}
+    # … and its evidence at every step, for the series that have a value at every step
+    everywhere: dict[tuple[str, str, str], list[ContainerEvidence] | None] = {}
+
+    def owner(ident: tuple[str, str, str]) -> tuple[WorkloadKey, str] | None:
         if ident in seen:
             return seen[ident]
         deploy = owners.deployment_of(ident[0], ident[1])
         item = None
         if deploy is not None and ident[2] and ident[2] != "POD":
-            key = WorkloadKey(ident[0], deploy, ident[2])
-            item = found.setdefault(key, ContainerEvidence(key))
-            item.pods.add(ident[1])
+            item = (WorkloadKey(ident[0], deploy, ident[2]), ident[1])
         seen[ident] = item
         return item
 
-    for name, attr in _COUNTER_FIELDS.items():
-        for s in answer(name):
-            item = entry(s.labels)
-            if item is not None and math.isfinite(s.value):
-                setattr(item, attr, getattr(item, attr) + s.value)
+    def evidence(labels: dict[str, str], at: Sequence[int]) -> list[ContainerEvidence] | None:
+        """The series' container's evidence at each of the steps ``at`` (None: not one)."""
+        ident = (labels.get("namespace", ""), labels.get("pod", ""), labels.get("container", ""))
+        full = len(at) == steps
+        if full and ident in everywhere:
+            return everywhere[ident]
+        found_owner = owner(ident)
+        items = None
+        if found_owner is not None:
+            key, pod = found_owner
+            items = []
+            for k in at:
+                item = found[k].get(key)
+                if item is None:
+                    item = found[k][key] = ContainerEvidence(key)
+                item.pods.add(pod)
+                items.append(item)
+        if full:
+            everywhere[ident] = items
+        return items
 
-    per_pod: dict[WorkloadKey, dict[float, float]] = defaultdict(lambda: defaultdict(float))
-    for s in answer("histogram"):
-        item = entry(s.labels)
-        bound = _bound(s.labels.get("le"))
-        if item is not None and bound is not None and math.isfinite(s.value):
-            per_pod[item.key][bound] += s.value
-    for key, buckets in per_pod.items():
-        found[key].buckets = dict(buckets)
+    for name, attr in _COUNTER_FIELDS.items():
+        for labels, at, values in answer(name):
+            items = evidence(labels, at)
+            for item, value in zip(items or (), values, strict=False):
+                if math.isfinite(value):
+                    setattr(item, attr, getattr(item, attr) + value)
+
+    bounds: dict[str | None, float | None] = {}
+    for labels, at, values in answer("histogram"):
+        items = evidence(labels, at)
+        le = labels.get("le")
+        bound = bounds[le] if le in bounds else bounds.setdefault(le, _bound(le))
+        if bound is None:
+            continue
+        for item, value in zip(items or (), values, strict=False):
+            if math.isfinite(value):
+                item.buckets[bound] = item.buckets.get(bound, 0.0) + value
 
     for name, attr in (("limits", "limit_millicores"), ("requests", "request_millicores")):
-        for s in answer(name):
-            item = entry(s.labels)
-            if item is not None and math.isfinite(s.value):
-                # the largest across pods: a rollout in progress may mix old and new values
-                value = math.ceil(s.value * 1000)
-                setattr(item, attr, max(getattr(item, attr) or 0, value))
+        for labels, at, values in answer(name):
+            items = evidence(labels, at)
+            for item, value in zip(items or (), values, strict=False):
+                if math.isfinite(value):
+                    # the largest across pods: a rollout in progress may mix old and new values
+                    millicores = math.ceil(value * 1000)
+                    setattr(item, attr, max(getattr(item, attr) or 0, millicores))
     return found

@@ -11,9 +11,11 @@ import os
 import re
 import threading
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import requests
 from prometheus_api_client import PrometheusConnect
@@ -44,12 +46,30 @@ class Sample(NamedTuple):
     value: float
 
 
+class RangeSeries(NamedTuple):
+    """One series of a range query: its labels, and its points as parallel lists (a tuple
+    and two flat lists: 10^5 series of 24 points are made per large query)."""
+
+    labels: dict[str, str]
+    times: list[float]
+    """Unix times of the evaluations that gave this series a value, ascending."""
+    values: list[float]
+
+
 class MetricsSource(Protocol):
     """What the recommendation side needs of a metrics backend."""
 
     def instant(self, promql: str, at: float | None = None) -> list[Sample]:
         """Evaluate an instant query (at a Unix time, default now)."""
         ...
+
+    def range(self, promql: str, start: float, end: float, step_s: float) -> list[RangeSeries]:
+        """Evaluate a query at ``start``, ``start + step_s``, … up to ``end`` (Unix times,
+        millisecond precision)."""
+        ...
+
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,14 +137,41 @@ class PrometheusSource:
 
     def instant(self, promql: str, at: float | None = None) -> list[Sample]:
         """Evaluate an instant query."""
+        params: dict[str, Any] = {} if at is None else {"time": at}
+        result = self._send(lambda: self.client.custom_query(promql, params=params))
+        # the decoded JSON's label dicts are used as they are: a copy each costs time at 10^5 series
+        return [
+            Sample(item["metric"], float(item["value"][1])) for item in result if "value" in item
+        ]
+
+    def range(self, promql: str, start: float, end: float, step_s: float) -> list[RangeSeries]:
+        """Evaluate a range query (``/api/v1/query_range``)."""
+        # the client rounds start and end to whole seconds; its params override them
+        exact = {"start": f"{start:.3f}", "end": f"{end:.3f}"}
+        result = self._send(
+            lambda: self.client.custom_query_range(
+                promql,
+                datetime.fromtimestamp(start, UTC),
+                datetime.fromtimestamp(end, UTC),
+                f"{step_s:.3f}",
+                params=exact,
+            )
+        )
+        return [
+            RangeSeries(item["metric"], [p[0] for p in points], [float(p[1]) for p in points])
+            for item in result
+            if (points := item.get("values"))
+        ]
+
+    def _send(self, query: Callable[[], _T]) -> _T:
+        """Send one query (counted), with today's credentials; failures become MetricsError."""
         with self._lock:  # several queries may be in flight (metrics.evidence.fetch)
             # a query sent meanwhile by another thread may read these headers: the same
             # values, or a token newer by one rotation, both valid
             self.client.headers = {**self.config.headers, **self._authorization()}
             self.queries += 1
-        params: dict[str, Any] = {} if at is None else {"time": at}
         try:
-            result = self.client.custom_query(promql, params=params)
+            return query()
         except requests.exceptions.SSLError as err:
             raise MetricsError(
                 f"TLS to {self.config.url} failed ({err}); check --ca-bundle"
@@ -152,7 +199,3 @@ class PrometheusSource:
             raise MetricsError(
                 f"Prometheus refused a query: {reason}{hint}", too_big=too_big
             ) from None
-        # the decoded JSON's label dicts are used as they are: a copy each costs time at 10^5 series
-        return [
-            Sample(item["metric"], float(item["value"][1])) for item in result if "value" in item
-        ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 
 import kopf
@@ -12,6 +13,7 @@ from unthrottle.kube.deployments import KubeDeployments
 from unthrottle.kube.objects import KubeObjects
 from unthrottle.kube.workloads import KubeWorkloadStore
 from unthrottle.metrics.source import PrometheusSource
+from unthrottle.operator.evidence import IncrementalReader
 from unthrottle.operator.handlers import register
 from unthrottle.operator.reconcile import Reconciler
 from unthrottle.operator.settings import OperatorSettings
@@ -42,11 +44,15 @@ def run(settings: OperatorSettings, options: RunOptions) -> None:
     source = PrometheusSource(settings.prometheus)
     telemetry = Telemetry(queries=lambda: source.queries)
     api = client.ApiClient()
+    objects = KubeObjects(api, timeout_s=settings.api_timeout_s)
     reconciler = Reconciler(
         settings, metrics=source,
         workloads=KubeWorkloadStore(client.CoreV1Api(api), client.AppsV1Api(api),
                                     timeout_s=settings.api_timeout_s),
-        objects=KubeObjects(api, timeout_s=settings.api_timeout_s),
+        objects=objects,
+        evidence=IncrementalReader(source, objects, clock=time.time,
+                                   concurrency=settings.concurrency,
+                                   max_bytes=settings.checkpoint_max_bytes),
         deployments=KubeDeployments(api, timeout_s=settings.api_timeout_s),
         telemetry=telemetry,
     )  # fmt: skip
