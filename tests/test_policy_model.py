@@ -445,13 +445,15 @@ def test_kubectl_reads_the_crd() -> None:
 # --- the reference doc ---------------------------------------------------------------------
 
 
-def test_the_reference_tables_in_the_docs_are_the_generated_ones() -> None:
-    text = DOC_FILE.read_text()
+@pytest.mark.parametrize("doc", [DOC_FILE, ROOT / "README.md"], ids=["docs", "readme"])
+def test_the_reference_tables_in_the_docs_are_the_generated_ones(doc: Path) -> None:
+    text = doc.read_text()
+    name = doc.relative_to(ROOT)
     assert "<!-- spec-reference:start -->\n" + spec_reference_markdown() in text
     assert with_reference_tables(text) == text, (
-        "docs/throttlepolicy.md's tables are out of date; regenerate them with: "
+        f"{name}'s tables are out of date; regenerate them with: "
         ".venv/bin/python -c 'import pathlib, unthrottle.model.crd as c; "
-        'p = pathlib.Path("docs/throttlepolicy.md"); p.write_text(c.with_reference_tables('
+        f'p = pathlib.Path("{name}"); p.write_text(c.with_reference_tables('
         "p.read_text()))'"
     )
 

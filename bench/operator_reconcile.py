@@ -1,0 +1,326 @@
+"""The operator's reconcile at scale: one policy over 1,000 Deployments, a day's window.
+
+    .venv/bin/python bench/operator_reconcile.py [--deployments 1000] [--cache DIR] [--save F]
+
+History: 1,000 Deployments, one pod and one container each (four kinds in turn:
+bursty under a tight limit, steady, idle, moderate, as bench/cluster_query.py),
+the agent's counters and 28-bucket histogram, one sample a minute for 25 hours
+(32,000 series, 48 million samples), backfilled once into a cached TSDB. The
+Deployments, ReplicaSets and pods are in the Kubernetes emulator (tests/kube_emulator.py:
+a test double, no API server runs here).
+
+Measured, on a clock the benchmark moves (the history's last hour):
+- ``recommend``'s scan of the 24 h window (the same pipeline, in process);
+- the operator's first reconcile of a policy over the namespace, then ten more, five
+  minutes apart: wall time, this process's CPU time, queries, and the samples
+  Prometheus read (each query replayed with ``stats=all`` after the timing);
+- the RSS after 2 and after 10 reconciles, and whether the last reconcile's
+  recommendations equal a fresh full-window scan's.
+Results: docs/benchmarks.md §8, bench/results/operator-reconcile.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
+from cluster_query import BOUNDS, cdf, shape  # noqa: E402
+from kube_emulator import KubeEmulator  # noqa: E402
+from prom import PrometheusServer  # noqa: E402
+from unthrottle.agent.sampling import BUCKETS_CORES  # noqa: E402
+from unthrottle.metrics.source import PrometheusConfig, PrometheusSource, RangeSeries, Sample  # noqa: E402
+
+NS, HOUR, STEP, WINDOW = "bench", 3600, 60, 86_400
+PREFIX = "unthrottle_cpu_"
+
+
+class Recording:
+    """A MetricsSource that remembers what it sent, to replay it with ``stats=all``."""
+
+    def __init__(self, inner: PrometheusSource) -> None:
+        self.inner, self.sent = inner, []  # type: ignore[var-annotated]
+
+    @property
+    def queries(self) -> int:
+        return self.inner.queries
+
+    @property
+    def config(self) -> PrometheusConfig:
+        return self.inner.config
+
+    def instant(self, promql: str, at: float | None = None) -> list[Sample]:
+        self.sent.append(("query", {"query": promql, "time": at}))
+        return self.inner.instant(promql, at)
+
+    def range(self, promql: str, start: float, end: float, step_s: float) -> list[RangeSeries]:
+        self.sent.append(("query_range", {"query": promql, "start": start, "end": end,
+                                          "step": step_s}))  # fmt: skip
+        return self.inner.range(promql, start, end, step_s)
+
+    def samples(self, url: str, since: int) -> int:
+        """Samples Prometheus read for the queries sent since index ``since``."""
+        total = 0
+        for kind, params in self.sent[since:]:
+            query = urllib.parse.urlencode({**{k: v for k, v in params.items() if v is not None},
+                                            "stats": "all"})  # fmt: skip
+            with urllib.request.urlopen(f"{url}/api/v1/{kind}?{query}", timeout=600) as reply:
+                stats = json.load(reply)["data"]["stats"]["samples"]
+            total += int(stats["totalQueryableSamples"])
+        return total
+
+
+def write_history(path: Path, deployments: int, end: int) -> int:
+    times = np.arange(end - WINDOW - HOUR, end + 1, STEP)
+    elapsed = (times - times[0]).astype(np.float64)
+    series = 0
+    with path.open("w") as out:
+
+        def emit(name: str, labels: str, rate: float) -> None:
+            nonlocal series
+            series += 1
+            prefix = f"{name}{{{labels}}} "
+            out.write("".join(f"{prefix}{v:.10g} {t}\n"
+                              for v, t in zip((elapsed * rate).tolist(), times.tolist(),
+                                              strict=True)))  # fmt: skip
+
+        for d in range(deployments):
+            base, share, burst, limit = shape(d)
+            labels = f'namespace="{NS}",pod="app-{d:04d}-5f7c9-bx7kz",container="app"'
+            throttled = 1 - cdf(base, share, burst, limit)
+            mean = (1 - share) * base + share * burst
+            for metric, rate in (("usage_seconds", min(mean, limit)), ("cfs_periods", 10.0),
+                                 ("cfs_throttled_periods", 10 * throttled),
+                                 ("cfs_throttled_seconds", 10 * throttled * 0.05)):  # fmt: skip
+                emit(f"{PREFIX}{metric}_total", labels, rate)
+            for le, bound in zip(BOUNDS, (*BUCKETS_CORES, math.inf), strict=True):
+                emit(f"{PREFIX}demand_cores_bucket", f'{labels},le="{le}"',
+                     10 * cdf(base, share, burst, bound))  # fmt: skip
+        out.write("# EOF\n")
+    return series
+
+
+def build(cache: Path, deployments: int) -> tuple[Path, int]:
+    """The cached TSDB and the history's end (built once)."""
+    folder = cache / f"operator-d{deployments}"
+    info = folder / "info.json"
+    if info.exists():
+        return folder, int(json.loads(info.read_text())["end"])
+    import subprocess
+
+    folder.mkdir(parents=True, exist_ok=True)
+    end = int(time.time()) // STEP * STEP
+    text = folder / "history.om"
+    started = time.monotonic()
+    series = write_history(text, deployments, end)
+    print(f"history: {series} series written in {time.monotonic() - started:.0f} s", flush=True)
+    started = time.monotonic()
+    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics",
+                    "--max-block-duration=24h", str(text), str(folder / "tsdb")],
+                   check=True, capture_output=True)  # fmt: skip
+    print(f"backfilled in {time.monotonic() - started:.0f} s", flush=True)
+    text.unlink()
+    info.write_text(json.dumps({"end": end, "series": series}))
+    return folder, end
+
+
+def objects(deployments: int) -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for d in range(deployments):
+        _, _, _, limit = shape(d)
+        name, rs = f"app-{d:04d}", f"app-{d:04d}-5f7c9"
+        cpu = {"limits": {"cpu": f"{round(limit * 1000)}m"},
+               "requests": {"cpu": f"{round(limit * 500)}m"}}  # fmt: skip
+        out.append(
+            (
+                "apps/v1/deployments",
+                {
+                    "metadata": {"namespace": NS, "name": name, "labels": {"tier": "bench"}},
+                    "spec": {
+                        "replicas": 1,
+                        "selector": {"matchLabels": {"app": name}},
+                        "template": {
+                            "metadata": {"labels": {"app": name}},
+                            "spec": {
+                                "containers": [{"name": "app", "image": "x", "resources": cpu}]
+                            },
+                        },
+                    },
+                },
+            )
+        )
+        out.append(
+            (
+                "apps/v1/replicasets",
+                {
+                    "metadata": {
+                        "namespace": NS,
+                        "name": rs,
+                        "ownerReferences": [
+                            {"kind": "Deployment", "name": name, "controller": True}
+                        ],
+                    }
+                },
+            )
+        )
+        out.append(("v1/pods", {"metadata": {"namespace": NS, "name": f"{rs}-bx7kz",
+                    "ownerReferences": [{"kind": "ReplicaSet", "name": rs, "controller": True}]},
+                    "spec": {"containers": [{"name": "app"}]}}))  # fmt: skip
+    return out
+
+
+def serve_emulator(objects_file: Path) -> None:
+    """``--serve-emulator``: the emulator in a process of its own (its memory and CPU are
+    not the operator's), holding the objects of a JSON file; its URL on stdout; it ends
+    when stdin closes."""
+    with KubeEmulator() as kube:
+        for resource, obj in json.loads(objects_file.read_text()):
+            kube.put(resource, obj)
+        print(kube.url, flush=True)
+        sys.stdin.read()
+
+
+class EmulatorProcess:
+    """The emulator, served by this script in a subprocess."""
+
+    def __init__(self, folder: Path, items: list[tuple[str, dict[str, Any]]]) -> None:
+        import subprocess
+
+        path = folder / "objects.json"
+        path.write_text(json.dumps(items))
+        command = [sys.executable, __file__, "--serve-emulator", str(path)]
+        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True)  # fmt: skip
+        assert self.proc.stdout is not None
+        self.url = self.proc.stdout.readline().strip()
+        self.kubeconfig = folder / "kubeconfig"
+        self.kubeconfig.write_text(
+            "apiVersion: v1\nkind: Config\ncurrent-context: e\n"
+            f"clusters: [{{name: e, cluster: {{server: '{self.url}'}}}}]\n"
+            "users: [{name: t, user: {token: t}}]\n"
+            "contexts: [{name: e, context: {cluster: e, user: t}}]\n")  # fmt: skip
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except Exception:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return math.nan
+
+
+def limits_of(doc: dict[str, Any]) -> dict[str, Any]:
+    """Deployment → its containers' recommended (limit, burst), from a JSON document."""
+    return {w["deployment"]: [(c["recommendation"] or {}).get("limit_millicores") for c in
+                              w["containers"]] + [(c["recommendation"] or {}).get("burst_us")
+                                                  for c in w["containers"]]
+            for w in doc.get("workloads", [])}  # fmt: skip
+
+
+def main() -> None:
+    from kubernetes import client
+
+    from unthrottle.kube.objects import KubeObjects
+    from unthrottle.kube.workloads import KubeWorkloadStore
+    from unthrottle.operator.evidence import IncrementalReader
+    from unthrottle.operator.reconcile import Reconciler
+    from unthrottle.operator.settings import OperatorSettings
+    from unthrottle.scan import ScanRequest, scan
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--deployments", type=int, default=1000)
+    parser.add_argument("--cache", type=Path, default=Path("/tmp/unthrottle-bench"))
+    parser.add_argument("--save", type=Path)
+    parser.add_argument("--serve-emulator", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_emulator:
+        serve_emulator(args.serve_emulator)
+        return
+    folder, end = build(args.cache, args.deployments)
+    t0 = end - HOUR + 60
+    out: dict[str, Any] = {"deployments": args.deployments, "window_s": WINDOW}
+    from kubernetes import config
+
+    emulator = EmulatorProcess(folder, objects(args.deployments))
+    configuration = client.Configuration()
+    config.load_kube_config(str(emulator.kubeconfig), client_configuration=configuration)
+    api = client.ApiClient(configuration)
+    custom = client.CustomObjectsApi(api)
+    policies = ("unthrottle.io", "v1alpha1", NS, "throttlepolicies")
+    with PrometheusServer(folder, tsdb=folder / "tsdb") as prom:
+        store = KubeWorkloadStore(client.CoreV1Api(api), client.AppsV1Api(api))
+        source = Recording(PrometheusSource(PrometheusConfig(prom.url, timeout_s=600)))
+        # 1. what `recommend` does: one scan of the window
+        mark, sent = source.queries, len(source.sent)
+        started = time.perf_counter()
+        fresh = scan(ScanRequest(window_s=WINDOW, now=t0, namespaces=(NS,)), source, store)  # type: ignore[arg-type]
+        out["recommend"] = {"wall_s": round(time.perf_counter() - started, 2),
+                            "queries": source.queries - mark,
+                            "samples": source.samples(prom.url, sent)}  # fmt: skip
+        print("recommend:", out["recommend"], flush=True)
+        # 2. the operator: a first reconcile, then ten, five minutes apart
+        clock = [float(t0)]
+        objects_ = KubeObjects(api)
+        reconciler = Reconciler(
+            OperatorSettings(source.config, jobs=None), metrics=source, workloads=store,  # type: ignore[arg-type]
+            objects=objects_, clock=lambda: clock[0],
+            evidence=IncrementalReader(source, objects_, clock=lambda: clock[0]),  # type: ignore[arg-type]
+        )  # fmt: skip
+        custom.create_namespaced_custom_object(*policies, {
+            "apiVersion": "unthrottle.io/v1alpha1", "kind": "ThrottlePolicy",
+            "metadata": {"namespace": NS, "name": "all"}, "spec": {"window": "24h"}})  # fmt: skip
+        runs = []
+        for i in range(11):
+            clock[0] = t0 + 300 * i
+            body = custom.get_namespaced_custom_object(*policies, "all")
+            mark, sent = source.queries, len(source.sent)
+            cpu, started = time.process_time(), time.perf_counter()
+            outcome = reconciler.reconcile(body)  # type: ignore[arg-type]
+            run = {"wall_s": round(time.perf_counter() - started, 2),
+                   "cpu_s": round(time.process_time() - cpu, 2),
+                   "queries": source.queries - mark, "fault": outcome.fault,
+                   "rss_mb": round(rss_mb(), 1)}  # fmt: skip
+            run["samples"] = source.samples(prom.url, sent)
+            source.sent.clear()  # the benchmark's own memory, not the operator's
+            runs.append(run)
+            print(f"reconcile {i}:", run, flush=True)
+        out["reconciles"] = runs
+        report = client.CoreV1Api(api).read_namespaced_config_map("all-report", NS).data[
+            "report.json"]  # fmt: skip
+        fresh = scan(ScanRequest(window_s=WINDOW, now=clock[0], namespaces=(NS,)), source, store)  # type: ignore[arg-type]
+        ours, theirs = limits_of(json.loads(report)), limits_of(fresh.to_json("24h"))
+        same = sum(1 for d in ours if ours[d] == theirs.get(d))
+        out["same_recommendations"] = f"{same} of {len(ours)}"
+    emulator.close()
+    first, steady = runs[0], runs[1:]
+    out["summary"] = {
+        "first_vs_recommend_wall": round(first["wall_s"] / out["recommend"]["wall_s"], 2),
+        "steady_samples_share_max": round(max(r["samples"] for r in steady) / first["samples"], 4),
+        "steady_cpu_s_max": max(r["cpu_s"] for r in steady),
+        "rss_mb_after_2": runs[1]["rss_mb"], "rss_mb_after_10": runs[-1]["rss_mb"],
+    }  # fmt: skip
+    print(json.dumps(out["summary"], indent=1))
+    if args.save:
+        args.save.write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
