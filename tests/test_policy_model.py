@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
