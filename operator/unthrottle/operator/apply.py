@@ -176,6 +176,9 @@ class Applier:
                     out[w.deployment] = held
                 continue
             if states.get(w.deployment) != State.RECOMMENDED:
+                applied = self._applied(info.raw, policy)
+                if applied is not None and states.get(w.deployment) == State.UP_TO_DATE:
+                    out[w.deployment] = (State.APPLIED, f"applied: {self._summary(applied)}")
                 continue
             if not spec.apply.dry_run and in_flight >= spec.apply.max_concurrent:
                 limit = spec.apply.max_concurrent
@@ -216,6 +219,16 @@ class Applier:
         return None
 
     @staticmethod
+    def _applied(raw: dict[str, Any], policy: str) -> Record | None:
+        """This policy's record with the verdict Applied, if that is the Deployment's."""
+        try:
+            record = record_of(raw)
+        except RecordError:
+            return None
+        ok = record is not None and record.policy == policy and record.verdict == "Applied"
+        return record if ok else None
+
+    @staticmethod
     def _summary(record: Record) -> str:
         parts = []
         for c in record.containers:
@@ -247,6 +260,10 @@ class Applier:
             return State.RECOMMENDED, f"{error}: re-read and retried on the next cycle"
         except PatchPlanError as error:
             return State.SKIPPED, str(error)
+        except Exception as error:  # the API failed or timed out: nothing known to be written
+            _log.warning("patch of %s/%s failed: %s", namespace, w.deployment, _short(error))
+            return State.RECOMMENDED, (f"the patch failed ({_short(error)}): retried on the "
+                                       "next cycle, from the Deployment's record")  # fmt: skip
         if spec.apply.dry_run:
             self._event(raw, "Normal", "DryRun", f"dry run, nothing changed: would have {text}")
             return State.RECOMMENDED, f"dry run (the API server accepted it): would have {text}"
@@ -317,6 +334,8 @@ class Applier:
             return State.VERIFYING, f"rollback postponed: {error}"
         except PatchPlanError as error:
             return State.SKIPPED, f"not rolled back: {error}"
+        except Exception as error:  # the API failed: the record still says what to undo
+            return State.VERIFYING, f"rollback postponed: the patch failed ({_short(error)})"
         text = ", ".join(
             f"CPU limit of {c.name} back to "
             f"{'none' if c.before.cpu_limit is None else format_cpu(c.before.cpu_limit)}"
@@ -329,7 +348,7 @@ class Applier:
         meta = raw["metadata"]
         try:
             self.deployments.json_patch(meta["namespace"], meta["name"], record_patch(raw, record))
-        except PatchConflict:
+        except Exception:  # a conflict or a failed call: the next cycle re-reads the record
             return False
         return True
 
@@ -343,6 +362,14 @@ class Applier:
             self.objects.event(involved, kind, reason, message)
         except Exception as error:  # an event is worth a log line, not a failed change
             _log.warning("cannot post event %s: %s", reason, error)
+
+
+def _short(error: Exception) -> str:
+    """An API error in one line: its HTTP status and reason, or its type."""
+    status = getattr(error, "status", None)
+    if status is not None:
+        return f"HTTP {status} {getattr(error, 'reason', '')}".strip()
+    return type(error).__name__
 
 
 def _iso(unix: float) -> str:
