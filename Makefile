@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test check bench clean venv prometheus
+.PHONY: demo test check bench clean venv prometheus browser
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,7 +17,7 @@ venv: $(STAMP)
 
 ## The local demo: the seed scenarios on this kernel (root), the model's prediction, then
 ## `unthrottle recommend` on a day of a small shop's history in a real Prometheus.
-demo: $(STAMP) prometheus
+demo: $(STAMP) prometheus browser
 	@if [ "$$(id -u)" = 0 ]; then $(BIN)/unthrottle lab run scenarios/seed-*.yaml; \
 	else echo "lab run needs root (it creates cgroups); showing the model only"; fi
 	$(BIN)/unthrottle simulate scenarios/seed-*.yaml
@@ -31,8 +31,17 @@ prometheus:
 	      apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
 	  else echo "prometheus is not installed and this is not root: its tests will be skipped"; fi; }
 
+## The headless browser the HTML report's tests open it in: Debian's chromium (root installs
+## it), driven by Playwright pointed at /usr/bin/chromium; nothing downloads a browser.
+browser:
+	@command -v chromium >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	      apt-get install -y -qq --no-install-recommends chromium >/dev/null; \
+	  else echo "chromium is not installed and this is not root: the browser tests will be skipped"; fi; }
+
 ## Lint, types, architecture contracts, then the whole test suite.
-test: $(STAMP) prometheus check
+test: $(STAMP) prometheus browser check
 	$(BIN)/pytest
 
 check: $(STAMP)

@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import csv
-import io
-import json
-import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 import yaml
-from rich.console import Console
 from rich.progress import Progress
-from rich.table import Table
 
-from unthrottle.cfs.settings import format_cpu
 from unthrottle.cli.common import err, fail, load_kube_config
 from unthrottle.cli.prometheus_opts import (
     BasicAuth,
@@ -30,71 +23,15 @@ from unthrottle.cli.prometheus_opts import (
     Timeout,
     prometheus_config,
 )
+from unthrottle.cli.report_cmd import check_format, terminal_options, write_output
 from unthrottle.kube.workloads import KubeWorkloadStore
 from unthrottle.metrics.evidence import CONCURRENCY, QUERIES_WITH_OWNERS
 from unthrottle.metrics.promql import recording_rules, seconds
 from unthrottle.metrics.source import MetricsError, PrometheusSource
 from unthrottle.model.selector import SelectorError, parse_selector
 from unthrottle.recommend import Policy, PolicyError, Strategy
+from unthrottle.report import Report, render
 from unthrottle.scan import History, ScanError, ScanRequest, assess, gather, select
-
-
-def _cpu(millicores: int | None) -> str:
-    return "none" if millicores is None else format_cpu(millicores)
-
-
-def _ratio(value: float | None) -> str:
-    return "" if value is None else f"{value:.3f}"
-
-
-def render(doc: dict[str, Any], fmt: str) -> str:
-    """The document in the requested format."""
-    if fmt == "json":
-        return json.dumps(doc, indent=2) + "\n"
-    if fmt == "yaml":
-        return str(yaml.safe_dump(doc, sort_keys=False))
-    rows = []
-    for w in doc["workloads"]:
-        for c in w["containers"]:
-            rec = c["recommendation"] or {}
-            rows.append({
-                "namespace": w["namespace"], "deployment": w["deployment"],
-                "container": c["name"], "evidence": c["evidence"], "pods": c["pods"],
-                "current_limit": _cpu(c["current"]["limit_millicores"]),
-                "throttle_ratio": _ratio(c["throttle_ratio"]),
-                "demand_p99_max": (f"{_cpu(c['demand']['p99_millicores'])} / "
-                                   f"{_cpu(c['demand']['max_millicores'])}"
-                                   if c["demand"] else ""),
-                "recommended_limit": _cpu(rec.get("limit_millicores")) if rec else "",
-                "burst_ms": f"{rec['burst_us'] / 1000:g}" if rec else "",
-                "gomaxprocs": rec.get("gomaxprocs") or "",
-                "expected_throttle_ratio": _ratio(rec.get("expected_throttle_ratio")),
-                "confidence": f"{rec['confidence']:.2f}" if rec else "",
-                # the last step that shaped the value (a bound, the burst, the headroom);
-                # JSON, YAML and CSV's "reasons" keep the whole chain
-                "reason": (rec.get("reasons") or [""])[-1] if rec else "no evidence in the window",
-                "reasons": " | ".join(rec.get("reasons") or []) if rec else "",
-            })  # fmt: skip
-    if fmt == "csv":
-        out = io.StringIO()
-        writer = csv.DictWriter(out, fieldnames=list(rows[0]) if rows else ["namespace"])
-        writer.writeheader()
-        writer.writerows(rows)
-        return out.getvalue()
-    table = Table(title=f"unthrottle recommend: window {doc['window']}, target {doc['target']:g}",
-                  title_justify="left")  # fmt: skip
-    columns = ["namespace", "deployment", "container", "current_limit", "throttle_ratio",
-               "demand_p99_max", "recommended_limit", "burst_ms", "gomaxprocs",
-               "expected_throttle_ratio", "evidence", "confidence", "reason"]  # fmt: skip
-    for name in columns:
-        table.add_column(name.replace("_", " ").replace("p99 max", "p99 / max"), overflow="fold")
-    for r in rows:
-        table.add_row(*(str(r[c]) for c in columns))
-    # as wide as the terminal when there is one (never narrower than 120), else 200
-    width = max(120, shutil.get_terminal_size((200, 24)).columns) if sys.stdout.isatty() else 200
-    console = Console(file=io.StringIO(), width=width)
-    console.print(table)
-    return console.file.getvalue()  # type: ignore[attr-defined, no-any-return]
 
 
 def _store(kubeconfig: Path | None) -> KubeWorkloadStore:
@@ -114,7 +51,13 @@ def recommend_command(
     strategy: Annotated[
         Strategy, typer.Option(case_sensitive=False, help="LimitOnly, BurstPreferred or Auto.")
     ] = Strategy.AUTO,
-    fmt: Annotated[str, typer.Option("--format", help="table, json, yaml or csv.")] = "table",
+    fmt: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="table, json, yaml, csv, markdown, html or kustomize (a directory: --output).",
+        ),
+    ] = "table",
     output: Annotated[Path | None, typer.Option(help="Write here instead of stdout.")] = None,
     no_cluster: Annotated[
         bool, typer.Option("--no-cluster", help="Take everything from kube-state-metrics.")
@@ -162,8 +105,7 @@ def recommend_command(
     ] = None,
 ) -> None:
     """Recommend CPU limits, burst and GOMAXPROCS for Deployments from Prometheus metrics."""
-    if fmt not in {"table", "json", "yaml", "csv"}:
-        raise fail(f"--format: {fmt!r} is not table, json, yaml or csv", 2)
+    check_format(fmt, output)
     window_s = seconds(window)
     if window_s is None or window_s <= 0:
         raise fail(f"--window: {window!r} is not a duration such as 7d, 24h or 30m", 2)
@@ -206,16 +148,12 @@ def recommend_command(
         raise fail(result.fatal.message, 1)
     for problem in result.problems:
         err.print(f"note: {problem.message}", highlight=False)
-    doc = result.to_json(window)
-    if top is not None and len(doc["workloads"]) > top:
-        err.print(f"note: showing the {top} most harmful of {len(doc['workloads'])} "
+    report = Report.from_scan(result, window=window, prometheus=prometheus)
+    if top is not None and len(report.workloads) > top:
+        err.print(f"note: showing the {top} most harmful of {len(report.workloads)} "
                   "Deployments (--top)", highlight=False)  # fmt: skip
-        doc["workloads"] = doc["workloads"][:top]
-    text = render(doc, fmt)
-    if output is not None:
-        output.write_text(text)
-    else:
-        sys.stdout.write(text)
+        report = report.top(top)
+    write_output(render(report, fmt, terminal_options()), output)
 
 
 def prometheus_rules_command() -> None:

@@ -32,6 +32,8 @@ class PolicyMemory:
     failures: int = 0
     last_fault: str | None = None
     last_signature: object = None
+    report_signature: str | None = None
+    report_at: float = 0.0
     warned_generation: int | None = None
     samples_read: int = 0
 

@@ -134,7 +134,7 @@ class Reconciler:
                 body, spec, selection, result, states, skipped))  # fmt: skip
         view = workloads_status(result, skipped, limit=self.settings.status_max_workloads,
                                 overrides=overrides)  # fmt: skip
-        self._timed("report", body, lambda: self._write_report(body, spec, result, view))
+        self._timed("report", body, lambda: self._write_report(body, spec, result, view, memory))
         status = self._status(body, spec, now, view, conflicts, result)
         self.objects.patch_status(namespace, name, status)
         self._events(body, memory, result, view, conflicts)
@@ -215,35 +215,53 @@ class Reconciler:
             "conditions": conditions,
         }
 
-    def _write_report(self, body: dict[str, Any], spec: ThrottlePolicySpec,
-                      result: ScanResult, view: StatusView) -> None:  # fmt: skip
+    @staticmethod
+    def _decisions(view: StatusView) -> str:
+        """What a reviewer acts on: each Deployment's state and recommendations (throttle
+        ratios move a little every cycle; these do not, unless something changed)."""
+        return json.dumps(
+            [[w["deployment"], w["state"], [c["recommended"] for c in w["containers"]]]
+             for w in view.workloads] + [view.summary["deployments"]],
+            sort_keys=True,
+        )  # fmt: skip
+
+    def _write_report(self, body: dict[str, Any], spec: ThrottlePolicySpec, result: ScanResult,
+                      view: StatusView, memory: PolicyMemory) -> None:  # fmt: skip
+        """The report ConfigMap: rewritten when the decisions changed, or an hour passed."""
         meta = body["metadata"]
+        decisions = self._decisions(view)
+        if (decisions == memory.report_signature
+                and result.now - memory.report_at < self.settings.report_refresh_s):  # fmt: skip
+            return
         states = {k: v.value for k, v in view.states.items()}
         doc = result.to_json(spec.window)
         doc["policy"] = {"namespace": meta["namespace"], "name": meta["name"]}
         for w in doc["workloads"]:
             w["state"] = states.get(w["deployment"])
-        limit = len(doc["workloads"])
+        total = limit = len(doc["workloads"])
         title = f"unthrottle: policy {meta['namespace']}/{meta['name']}"
-        while True:  # halve until it fits: truncated with a note, never failing
+        while True:  # cut to fit: truncated with a note, never failing
             shown = dict(doc, workloads=doc["workloads"][:limit])
-            if limit < len(doc["workloads"]):
-                shown["truncated"] = {"shown": limit, "left_out": len(doc["workloads"]) - limit}
-            text_json = json.dumps(shown, indent=1)
+            if limit < total:
+                shown["truncated"] = {"shown": limit, "left_out": total - limit}
+            text_json = json.dumps(shown, separators=(",", ":"))
             text_md = markdown(result, title=title, states=states, max_workloads=limit)
-            if len(text_json) + len(text_md) <= self.settings.report_max_bytes or limit == 0:
+            size = len(text_json) + len(text_md)
+            if size <= self.settings.report_max_bytes or limit == 0:
                 break
-            limit //= 2
+            # the share that fits, with a margin: one or two rounds instead of halvings
+            limit = min(limit - 1, int(limit * self.settings.report_max_bytes / size * 0.9))
         self.objects.put_configmap(
             meta["namespace"], f"{meta['name']}-report", owner=body,
             data={"report.md": text_md, "report.json": text_json},
             labels={"app.kubernetes.io/managed-by": "unthrottle",
                     "unthrottle.io/policy": meta["name"]},
         )  # fmt: skip
+        memory.report_signature, memory.report_at = decisions, result.now
 
     def _events(self, body: dict[str, Any], memory: PolicyMemory, result: ScanResult,
                 view: StatusView, conflicts: dict[str, str]) -> None:  # fmt: skip
-        signature = json.dumps([view.summary, view.workloads], sort_keys=True)
+        signature = self._decisions(view)
         if signature != memory.last_signature:
             memory.last_signature = signature
             recommended = sum(1 for s in view.states.values() if s == State.RECOMMENDED)

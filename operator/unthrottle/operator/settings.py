@@ -23,6 +23,10 @@ class OperatorSettings:
     report_max_bytes: int = 900 * 1024
     """Report ConfigMap size cap, under the API server's 1 MiB object limit with room for
     metadata."""
+    report_refresh_s: float = 3600.0
+    """The report ConfigMap is rewritten when a state or recommendation changed, and at
+    least this often (its throttle ratios move a little every cycle; rewriting a
+    megabyte every 5 minutes for that is waste)."""
     checkpoint_max_bytes: int = 900 * 1024
     """Largest checkpoint ConfigMap payload; a larger checkpoint is split over several."""
     backoff_min_s: float = 10.0

@@ -1,66 +1,144 @@
-"""A scan result as Markdown, for a pull request comment or a report ConfigMap."""
+"""A report as Markdown, for a pull request comment or the operator's report ConfigMap.
+
+Summary first (what is throttled, what changes, what it costs, the worst offenders),
+then one table row per container of the Deployments with evidence, each container's
+reasons folded under ``<details>``, and the Deployments without evidence apart, with why.
+Every text that came from the cluster is escaped: it cannot open a link, an HTML tag or
+a table cell of its own.
+"""
 
 from __future__ import annotations
 
-from unthrottle.cfs.settings import format_cpu
-from unthrottle.scan import ContainerResult, ScanResult
+import html
+
+from unthrottle.report import units
+from unthrottle.report.model import Container, Report, Summary, Workload
+from unthrottle.scan import ScanResult
+
+_SPECIAL = str.maketrans({c: "\\" + c for c in "\\`*_[]|#"})
 
 
-def _cpu(millicores: int | None) -> str:
-    return "none" if millicores is None else format_cpu(millicores)
+def text(value: object) -> str:
+    """Cluster text made inert: HTML escaped, Markdown specials and pipes backslashed,
+    one line."""
+    return html.escape(" ".join(str(value).split()), quote=False).translate(_SPECIAL)
 
 
-def _pct(ratio: float | None) -> str:
-    return "–" if ratio is None else f"{ratio * 100:.1f} %"
+def _provenance(report: Report) -> str:
+    parts = [
+        f"window {text(report.window)} ending {text(report.generated_at)}",
+        f"target {report.target * 100:g} % of periods throttled",
+    ]
+    if report.prometheus:
+        parts.append(f"Prometheus {text(report.prometheus)}")
+    if report.policy:
+        parts.append(f"policy {text(report.policy.namespace)}/{text(report.policy.name)}")
+    return "\n>\n".join(["> " + " · ".join(parts), *(f"> note: {text(n)}" for n in report.notes)])
 
 
-def _cell(text: object) -> str:
-    """Table cell text: pipes and newlines from the cluster cannot break the table."""
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
-def _row(deployment: str, c: ContainerResult) -> str:
-    rec = c.recommendation
-    demand = c.demand or {}
-    cells = [
-        deployment,
-        c.name,
-        _cpu(c.limit_millicores),
-        _cpu(rec.limit_millicores) if rec else "–",
-        f"{c.burst_us / 1000:g} → {rec.burst_us / 1000:g} ms" if rec else "–",
-        _pct(c.throttle_ratio),
-        _pct(rec.expected_throttle_ratio) if rec else "–",
-        " / ".join(_cpu(demand.get(k)) for k in ("p50_millicores", "p99_millicores",
-                                                  "max_millicores")) if demand else "–",
-        c.evidence,
-        f"{rec.confidence:.2f}" if rec else "–",
-        (rec.reasons[-1] if rec and rec.reasons else "no evidence in the window"),
+def _summary(report: Report, s: Summary) -> list[str]:
+    lines = [
+        "## Summary",
+        "",
+        f"- **{units.plural(s.deployments, 'Deployment')}**, "
+        f"{units.plural(s.containers, 'container')}: **{s.over_target} over the target**; "
+        f"{s.to_change} to change; {s.deployments - s.with_evidence} without evidence.",
+        f"- CPU limit: **{units.signed_cpu(s.added_millicores)} added** "
+        f"({units.plural(s.raised, 'container')}), "
+        f"**{units.cpu(s.freed_millicores)} freed** ({units.plural(s.lowered, 'container')})"
+        f", net {units.signed_cpu(s.added_millicores - s.freed_millicores)}"
+        + (f"; {units.plural(s.newly_limited, 'container')} limited for the first time"
+           if s.newly_limited else "") + ".",
     ]  # fmt: skip
-    return "| " + " | ".join(_cell(x) for x in cells) + " |"
+    if s.worst:
+        lines += ["- Worst offenders:"]
+        for o in s.worst:
+            rec = o.container.recommendation
+            after = (f" → {units.pct(rec.expected_throttle_ratio)} expected with "
+                     f"{units.cpu(rec.limit_millicores)}"
+                     + (f" + {units.burst(rec.burst_us)} burst" if rec.burst_us else "")
+                     if rec else "")  # fmt: skip
+            now = units.pct(o.container.throttle_ratio)
+            lines.append(f"  1. {text(o.workload.key)} · {text(o.container.name)}: {now} of "
+                         f"periods throttled{after}")  # fmt: skip
+    if report.truncated:
+        lines += ["", f"… and {report.truncated.left_out} more Deployments, left out for size "
+                      f"(only the {report.truncated.shown} most harmful are shown)."]  # fmt: skip
+    return lines
+
+
+def _row(w: Workload, c: Container, target: float) -> str:
+    rec, now, demand = c.recommendation, c.current, c.demand
+    throttled = units.pct(c.throttle_ratio)
+    cells = [
+        text(w.key) + (f" ({text(w.state)})" if w.state else ""),
+        text(c.name) + ("" if c.managed else " (not managed)"),
+        f"**{throttled}**" if c.over(target) else throttled,
+        units.pct(rec.expected_throttle_ratio) if rec else units.DASH,
+        units.change(units.cpu(now.limit_millicores), units.cpu(rec.limit_millicores))
+        if rec and rec.limit_millicores is not None else units.cpu(now.limit_millicores),
+        units.change(units.burst(now.burst_us), units.burst(rec.burst_us)) if rec
+        else units.burst(now.burst_us),
+        units.change(units.count(now.gomaxprocs), units.count(rec.gomaxprocs))
+        if rec and rec.gomaxprocs is not None else units.count(now.gomaxprocs),
+        " / ".join(units.cpu(v) for v in (demand.p50_millicores, demand.p99_millicores,
+                                          demand.max_millicores)) if demand else units.DASH,
+        f"{rec.confidence:.2f}" if rec else units.DASH,
+        text(c.evidence),
+        "yes" if c.change() else "no",
+    ]  # fmt: skip
+    return "| " + " | ".join(cells) + " |"
+
+
+def _reasons(w: Workload, c: Container) -> list[str]:
+    rec = c.recommendation
+    if rec is None:
+        return []
+    extra = f"; set -XX:ActiveProcessorCount={rec.jvm_processors}" if rec.jvm_processors else ""
+    return [
+        f"<details><summary>{text(w.key)} · {text(c.name)}: confidence "
+        f"{rec.confidence:.2f}{extra}</summary>",
+        "",
+        *(f"- {text(r)}" for r in rec.reasons),
+        "",
+        "</details>",
+    ]
+
+
+def render_markdown(report: Report, *, title: str | None = None) -> str:
+    """The whole report as Markdown."""
+    lines = [f"# {text(title or report.title())}", "", _provenance(report), ""]
+    lines += _summary(report, report.summary())
+    with_evidence = [w for w in report.workloads if w.has_evidence()]
+    without = [w for w in report.workloads if not w.has_evidence()]
+    if with_evidence:
+        lines += [
+            "",
+            "## Recommendations",
+            "",
+            "Most harmful first. Throttled: share of periods today → expected; demand: CPU "
+            "wanted per 100 ms window, p50 / p99 / largest.",
+            "",
+            "| Deployment | container | throttled | expected | limit | burst | GOMAXPROCS "
+            "| demand p50 / p99 / max | confidence | evidence | changes |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        lines += [_row(w, c, report.target) for w in with_evidence for c in w.containers]
+        lines += ["", "### Why", ""]
+        for w in with_evidence:
+            for c in w.containers:
+                lines += _reasons(w, c)
+    if without:
+        lines += ["", "## Without evidence", "", "| Deployment | containers | why |",
+                  "|---|---|---|"]  # fmt: skip
+        lines += [f"| {text(w.key)} | {', '.join(text(c.name) for c in w.containers) or units.DASH}"
+                  f" | {text(w.why_not())} |" for w in without]  # fmt: skip
+    return "\n".join(lines) + "\n"
 
 
 def markdown(result: ScanResult, *, title: str, states: dict[str, str] | None = None,
              max_workloads: int | None = None) -> str:  # fmt: skip
-    """Summary, then one row per container, most harmful Deployment first."""
-    workloads = list(result.workloads)
-    over = [w for w in workloads if any((c.throttle_ratio or 0) > result.target
-                                        for c in w.containers)]  # fmt: skip
-    lines = [
-        f"# {_cell(title)}",
-        "",
-        f"{len(workloads)} Deployments, {sum(len(w.containers) for w in workloads)} containers; "
-        f"{len(over)} over the target of {result.target * 100:g} % of periods throttled "
-        f"(window {result.window_s // 3600} h).",
-        "",
-        "| Deployment | container | limit | recommended | burst | throttled | expected | "
-        "demand p50 / p99 / max | evidence | confidence | reason |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    shown = workloads if max_workloads is None else workloads[:max_workloads]
-    for w in shown:
-        name = w.deployment if not states or w.deployment not in states else (
-            f"{w.deployment} ({states[w.deployment]})")  # fmt: skip
-        lines.extend(_row(name, c) for c in w.containers)
-    if len(shown) < len(workloads):
-        lines += ["", f"… and {len(workloads) - len(shown)} more Deployments (left out for size)."]
-    return "\n".join(lines) + "\n"
+    """The operator's ``report.md``: a scan result as Markdown, the ``max_workloads`` most
+    harmful Deployments (with a note on the rest)."""
+    report = Report.from_scan(result, states=states).top(max_workloads)
+    return render_markdown(report, title=title)

@@ -1,0 +1,178 @@
+"""A report as one self-contained HTML page: the Markdown's content, a table sortable by
+harm, and plots for the containers over target (the ``max_plots`` most harmed).
+
+Jinja2 with autoescaping on lays the page out; everything here is turned into plain
+strings first, so every name, label and reason from the cluster is escaped by the
+template. The only markup not escaped is the plots' SVG, which matplotlib draws from
+numbers (names reach it only through the escaped title and description).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jinja2
+from markupsafe import Markup
+
+from unthrottle import __version__
+from unthrottle.report import page, units
+from unthrottle.report.model import Container, Report, Workload
+
+MAX_PLOTS = 50
+"""Containers over target that get plots: beyond 50 a page stops being read, and each
+plot costs about 50 ms and 15 kB."""
+
+_ENV = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+_PAGE = _ENV.from_string(page.TEMPLATE)
+COLUMNS = (  # (header, sort as, alignment)
+    ("rank", "number", "n"), ("Deployment", "text", ""), ("container", "text", ""),
+    ("throttled", "number", "n"), ("expected", "number", "n"), ("limit", "number", "n"),
+    ("burst", "number", "n"), ("GOMAXPROCS", "number", "n"),
+    ("demand p50 / p99 / max", "number", "n"), ("confidence", "number", "n"),
+    ("evidence", "text", ""), ("why", "number", ""),
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """One table cell: its text and the key it sorts by."""
+
+    text: str
+    sort: str
+    numeric: bool = False
+    anchor: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One container's row."""
+
+    cells: tuple[Cell, ...]
+    reasons: tuple[str, ...]
+    over: bool
+
+
+def _num(text: str, value: float | None, anchor: str = "") -> Cell:
+    return Cell(text, "-1" if value is None else f"{value:.6g}", True, anchor)
+
+
+def _row(rank: int, w: Workload, c: Container, target: float, anchor: str) -> Row:
+    rec, now, d = c.recommendation, c.current, c.demand
+    limit = rec.limit_millicores if rec else None
+    state = f" ({w.state})" if w.state else ""
+    cells = (
+        _num(str(rank), rank, anchor),  # the report's order: most harmful first
+        Cell(w.key + state, w.key),
+        Cell(c.name + ("" if c.managed else " (not managed)"), c.name),
+        _num(units.pct(c.throttle_ratio), c.throttle_ratio),
+        _num(units.pct(rec.expected_throttle_ratio) if rec else units.DASH,
+             rec.expected_throttle_ratio if rec else None),
+        _num(units.change(units.cpu(now.limit_millicores), units.cpu(limit))
+             if limit is not None else units.cpu(now.limit_millicores),
+             limit if limit is not None else now.limit_millicores),  # sorts by the new limit
+        _num(units.change(units.burst(now.burst_us), units.burst(rec.burst_us)) if rec
+             else units.burst(now.burst_us), rec.burst_us if rec else now.burst_us),
+        _num(units.change(units.count(now.gomaxprocs), units.count(rec.gomaxprocs))
+             if rec and rec.gomaxprocs else units.count(now.gomaxprocs),
+             rec.gomaxprocs if rec and rec.gomaxprocs else now.gomaxprocs),
+        _num(" / ".join(units.cpu(v) for v in (d.p50_millicores, d.p99_millicores,
+                                               d.max_millicores)) if d else units.DASH,
+             d.p99_millicores if d else None),  # sorts by p99
+        _num(f"{rec.confidence:.2f}" if rec else units.DASH, rec.confidence if rec else None),
+        Cell(c.evidence, c.evidence),
+    )  # fmt: skip
+    return Row(cells, rec.reasons if rec else (), c.over(target))
+
+
+def _alt(w: Workload, c: Container) -> str:
+    rec, d = c.recommendation, c.demand
+    parts = [f"Demand per 100 ms window of {c.name} in {w.key}"]
+    if d is not None:
+        parts.append(f"median {units.cpu(d.p50_millicores)}, p99 {units.cpu(d.p99_millicores)}, "
+                     f"largest {units.cpu(d.max_millicores)}")  # fmt: skip
+    parts.append(f"today's limit {units.cpu(c.current.limit_millicores)}, "
+                 f"{units.pct(c.throttle_ratio)} of periods throttled")  # fmt: skip
+    if rec is not None:
+        parts.append(f"recommended {units.cpu(rec.limit_millicores)}"
+                     + (f" with a {units.burst(rec.burst_us)} burst" if rec.burst_us else "")
+                     + f", {units.pct(rec.expected_throttle_ratio)} expected")  # fmt: skip
+    return "; ".join(parts) + "."
+
+
+def _plots(over: list[tuple[Workload, Container]], anchors: dict[tuple[str, str], str],
+           target: float) -> list[dict[str, object]]:  # fmt: skip
+    from unthrottle.report.plots import Plot, demand_plot, throttle_plot  # matplotlib: here only
+
+    out: list[dict[str, object]] = []
+    for w, c in over:
+        anchor = anchors[(w.key, c.name)]
+        drawn: list[Plot] = []
+        title = f"Demand of {c.name} in {w.key} against today's and the recommended limit"
+        demand = demand_plot(c, prefix=f"{anchor}-d", title=title, alt=_alt(w, c))
+        if demand is not None:
+            drawn.append(demand)
+        series = throttle_plot(c, target, prefix=f"{anchor}-t",
+                               title=f"Throttling of {c.name} in {w.key} over the window",
+                               alt=f"Share of periods throttled over the window, against the "
+                                   f"target of {target * 100:g} %.")  # fmt: skip
+        if series is not None:
+            drawn.append(series)
+        out.append({"anchor": anchor, "key": w.key, "container": c.name, "plots": drawn,
+                    "figures": _alt(w, c)})  # fmt: skip
+    return out
+
+
+def render_html(report: Report, *, title: str | None = None, max_plots: int = MAX_PLOTS) -> str:
+    """The whole report as one HTML page."""
+    s = report.summary()
+    over = report.over_target()
+    anchors = {(w.key, c.name): f"c{i + 1}" for i, (w, c) in enumerate(over[:max_plots])}
+    rows: list[Row] = []
+    for w in report.workloads:
+        if w.has_evidence():
+            for c in w.containers:
+                anchor = anchors.get((w.key, c.name), "")
+                rows.append(_row(len(rows) + 1, w, c, report.target, anchor))
+    plots = _plots(over[:max_plots], anchors, report.target)
+    provenance = [f"window {report.window} ending {report.generated_at}",
+                  f"target {report.target * 100:g} % of periods throttled"]  # fmt: skip
+    if report.prometheus:
+        provenance.append(f"Prometheus {report.prometheus}")
+    if report.policy:
+        provenance.append(f"policy {report.policy.namespace}/{report.policy.name}")
+    figures = [
+        ("Deployments", str(s.deployments)),
+        ("containers", str(s.containers)),
+        ("over target", str(s.over_target)),
+        ("to change", str(s.to_change)),
+        ("CPU limit added", units.signed_cpu(s.added_millicores)),
+        ("CPU limit freed", units.cpu(s.freed_millicores)),
+        ("net", units.signed_cpu(s.added_millicores - s.freed_millicores)),
+        ("without evidence", str(s.deployments - s.with_evidence)),
+    ]
+    worst = []
+    for o in s.worst:
+        rec = o.container.recommendation
+        after = (f" → {units.pct(rec.expected_throttle_ratio)} expected with "
+                 f"{units.cpu(rec.limit_millicores)}"
+                 + (f" + {units.burst(rec.burst_us)} burst" if rec.burst_us else "")
+                 if rec else "")  # fmt: skip
+        anchor = anchors.get((o.workload.key, o.container.name), "recommendations")
+        worst.append({"anchor": anchor,
+                      "key": o.workload.key, "container": o.container.name,
+                      "now": units.pct(o.container.throttle_ratio), "after": after})  # fmt: skip
+    truncated = (f"… and {report.truncated.left_out} more Deployments, left out for size (only "
+                 f"the {report.truncated.shown} most harmful are shown)."
+                 if report.truncated else "")  # fmt: skip
+    plots_note = (f"Plots for the {len(plots)} most harmed of {len(over)} containers over "
+                  "target." if len(over) > len(plots) else f"Plots for the {len(over)} "
+                  "containers over target.")  # fmt: skip
+    plots_note += " Windows right of today's limit (dashed) are the throttled ones."
+    without = [{"key": w.key, "containers": ", ".join(c.name for c in w.containers) or units.DASH,
+                "why": w.why_not()} for w in report.workloads if not w.has_evidence()]  # fmt: skip
+    return _PAGE.render(
+        title=title or report.title(), csp=page.CSP, css=Markup(page.CSS),
+        script=Markup(page.SCRIPT), provenance=provenance, figures=figures,
+        worst=worst, truncated=truncated, columns=COLUMNS, rows=rows, plots=plots,
+        plots_note=plots_note, without=without, version=__version__, notes=report.notes,
+    )  # fmt: skip

@@ -1,0 +1,46 @@
+"""How a report writes its figures: quantities as Kubernetes writes them, ratios as
+percentages, bursts in milliseconds. Every renderer uses these, so the formats agree."""
+
+from __future__ import annotations
+
+from unthrottle.cfs.settings import format_cpu
+
+DASH = "–"
+"""A figure that is not there (no recommendation, no evidence)."""
+
+
+def cpu(millicores: int | None) -> str:
+    """``1400m``, ``2``; ``none`` for no limit."""
+    return "none" if millicores is None else format_cpu(millicores)
+
+
+def signed_cpu(millicores: int) -> str:
+    """A difference: ``+900m``, ``-300m``, ``0``."""
+    if millicores == 0:
+        return "0"
+    return ("+" if millicores > 0 else "-") + format_cpu(abs(millicores))
+
+
+def pct(ratio: float | None) -> str:
+    """``10.0 %``; a dash for no figure."""
+    return DASH if ratio is None else f"{ratio * 100:.1f} %"
+
+
+def burst(us: int) -> str:
+    """``20 ms``, ``0.5 ms``, ``0``."""
+    return "0" if us == 0 else f"{us / 1000:g} ms"
+
+
+def count(value: int | None) -> str:
+    """A GOMAXPROCS or processor count; a dash when unset."""
+    return DASH if value is None else str(value)
+
+
+def change(old: str, new: str) -> str:
+    """``500m → 1400m``, or the value alone when it stays."""
+    return old if old == new else f"{old} → {new}"
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """``1 container``, ``3 containers``."""
+    return f"{n} {word if n == 1 else (words or word + 's')}"
