@@ -5,9 +5,6 @@ real Prometheus serving a day of backfilled history."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 import time
 import urllib.request
@@ -18,6 +15,7 @@ from typing import Any
 import pytest
 
 from kube_emulator import KubeEmulator
+from operator_proc import OperatorProcess
 from prom import PrometheusServer, free_port, requires_prometheus
 from shop import HEALTHY, THROTTLED, Workload, objects, openmetrics
 from unthrottle.cfs.settings import parse_cpu
@@ -82,23 +80,9 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
         kubeconfig = kube.kubeconfig(folder / "kubeconfig")
         metrics, liveness = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
         log = folder / "operator.log"
-        with log.open("w") as out:
-            proc = subprocess.Popen(
-                [str(UNTHROTTLE), "operator", "--prometheus", prom.url, "--standalone",
-                 "--log-format", "text", "--metrics", metrics, "--liveness", liveness],
-                stdout=out, stderr=subprocess.STDOUT,
-                env={**os.environ, "KUBECONFIG": str(kubeconfig)},
-            )  # fmt: skip
-            try:
-                yield Running(kube, prom, metrics, log, liveness)
-            finally:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-        assert proc.returncode is not None
+        with OperatorProcess(kubeconfig, prom.url, log, "--metrics", metrics,
+                             "--liveness", liveness):  # fmt: skip
+            yield Running(kube, prom, metrics, log, liveness)
 
 
 def _undeclared(value: Any, schema: dict[str, Any], path: str = "status") -> list[str]:
