@@ -82,6 +82,24 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be read back: corrupt, cut short, foreign, or too new."""
 
 
+def sealed(magic: bytes, version: int, body: bytes) -> bytes:
+    """A checkpoint's envelope: its magic tag, format version and the body's CRC-32."""
+    return _HEAD.pack(magic, version, zlib.crc32(body)) + body
+
+
+def unsealed(data: bytes, magic: bytes, version: int, what: str) -> bytes:
+    """The body of :func:`sealed`; :class:`CheckpointError` unless it is whole and ours."""
+    if len(data) < _HEAD.size or data[: len(magic)] != magic:
+        raise CheckpointError(f"not an unthrottle {what} checkpoint")
+    _, found, crc = _HEAD.unpack_from(data)
+    if found != version:
+        raise CheckpointError(f"checkpoint format {found}; this operator reads {version}")
+    body = data[_HEAD.size :]
+    if zlib.crc32(body) != crc:
+        raise CheckpointError("checkpoint corrupt or cut short (CRC mismatch)")
+    return body
+
+
 class WindowAggregates:
     """Per-container increases over a sliding window, on a grid of slots."""
 
@@ -383,20 +401,12 @@ class WindowAggregates:
             *(m.tobytes() for m in masks),
             numbers.view(np.uint8).reshape(-1, 4).T.tobytes(),  # byte planes
         ])  # fmt: skip
-        packed = zlib.compress(body, 9)
-        return _HEAD.pack(_MAGIC, _FORMAT, zlib.crc32(packed)) + packed
+        return sealed(_MAGIC, _FORMAT, zlib.compress(body, 9))
 
     @classmethod
     def from_bytes(cls, data: bytes) -> WindowAggregates:
         """Read a checkpoint back; :class:`CheckpointError` unless it is whole and ours."""
-        if len(data) < _HEAD.size or data[: len(_MAGIC)] != _MAGIC:
-            raise CheckpointError("not an unthrottle aggregates checkpoint")
-        _, version, crc = _HEAD.unpack_from(data)
-        if version != _FORMAT:
-            raise CheckpointError(f"checkpoint format {version}; this operator reads {_FORMAT}")
-        packed = data[_HEAD.size :]
-        if zlib.crc32(packed) != crc:
-            raise CheckpointError("checkpoint corrupt or cut short (CRC mismatch)")
+        packed = unsealed(data, _MAGIC, _FORMAT, "aggregates")
         try:
             return cls._decode(zlib.decompress(packed))
         except CheckpointError:

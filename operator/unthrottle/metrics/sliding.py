@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import math
 import struct
-import zlib
 from dataclasses import dataclass
 from typing import Literal
 
@@ -34,13 +33,14 @@ from unthrottle.metrics.aggregates import (
     MIN_READ_S,
     CheckpointError,
     WindowAggregates,
+    sealed,
     slot_seconds,
+    unsealed,
 )
 from unthrottle.metrics.evidence import ContainerEvidence, Slot, WorkloadKey
 
 _MAGIC = b"UNTHSLID"
 _FORMAT = 1
-_HEAD = struct.Struct(">8sHI")
 _FOREVER = 10**9
 """The window of the one-slot stores of the first read and its aged tails: they never
 age by themselves."""
@@ -147,20 +147,12 @@ class SlidingEvidence:
         parts = [json.dumps(head).encode(), self.head.to_bytes(),
                  self.first.to_bytes() if self.first else b"",
                  self.aged.to_bytes() if self.aged else b""]  # fmt: skip
-        body = b"".join(struct.pack(">I", len(p)) + p for p in parts)
-        return _HEAD.pack(_MAGIC, _FORMAT, zlib.crc32(body)) + body
+        return sealed(_MAGIC, _FORMAT, b"".join(struct.pack(">I", len(p)) + p for p in parts))
 
     @classmethod
     def from_bytes(cls, data: bytes) -> SlidingEvidence:
         """Read a checkpoint back; :class:`CheckpointError` unless it is whole and ours."""
-        if len(data) < _HEAD.size or data[: len(_MAGIC)] != _MAGIC:
-            raise CheckpointError("not an unthrottle evidence checkpoint")
-        _, version, crc = _HEAD.unpack_from(data)
-        if version != _FORMAT:
-            raise CheckpointError(f"checkpoint format {version}; this operator reads {_FORMAT}")
-        body = data[_HEAD.size :]
-        if zlib.crc32(body) != crc:
-            raise CheckpointError("checkpoint corrupt or cut short (CRC mismatch)")
+        body = unsealed(data, _MAGIC, _FORMAT, "evidence")
         try:
             parts, pos = [], 0
             for _ in range(4):
