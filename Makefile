@@ -1,13 +1,22 @@
 # Every target sets up what it needs: a fresh machine needs only `make demo`
 # and `make test`.
-PYTHON ?= python3
+# The first Python ≥ 3.11 on the PATH (Ubuntu 22.04's python3 is 3.10): say PYTHON=… to choose.
+PYTHON ?= $(shell for p in python3 python3.13 python3.12 python3.11; do \
+	  command -v $$p >/dev/null && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+	  2>/dev/null && { echo $$p; break; }; done)
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test check bench clean venv prometheus browser
+.PHONY: demo demo-lab test check bench clean venv prometheus browser
 
 $(STAMP): pyproject.toml
+	@test -n "$(PYTHON)" || { echo "unthrottle needs Python >= 3.11: install python3.11 (or newer) and run make again, or say PYTHON=/path/to/python3.11"; exit 1; }
+	@$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	      python3-venv >/dev/null; \
+	  else echo "$(PYTHON) cannot make a virtualenv: run 'apt-get install python3-venv' as root, then make again"; exit 1; fi; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
@@ -15,9 +24,15 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-## The local demo: the seed scenarios on this kernel (root), the model's prediction, then
-## `unthrottle recommend` on a day of a small shop's history in a real Prometheus.
+## The local demo: the whole loop on this kernel (root) — workloads in kubelet-like cgroups,
+## the agent, a real Prometheus, the operator (Recommend, then Apply) against the Kubernetes
+## emulator, the patched limits written back, before / after measured, the HTML report.
 demo: $(STAMP) prometheus browser
+	$(BIN)/python demo/loop.py
+
+## The earlier demos: the seed scenarios on this kernel and the model's prediction of them,
+## then `unthrottle recommend` on a day of a small shop's history in a real Prometheus.
+demo-lab: $(STAMP) prometheus
 	@if [ "$$(id -u)" = 0 ]; then $(BIN)/unthrottle lab run scenarios/seed-*.yaml; \
 	else echo "lab run needs root (it creates cgroups); showing the model only"; fi
 	$(BIN)/unthrottle simulate scenarios/seed-*.yaml
@@ -29,7 +44,10 @@ prometheus:
 	  if [ "$$(id -u)" = 0 ]; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 	      apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	    if command -v systemctl >/dev/null && systemctl is-system-running >/dev/null 2>&1; then \
+	      systemctl disable --now prometheus >/dev/null 2>&1 || true; fi; \
 	  else echo "prometheus is not installed and this is not root: its tests will be skipped"; fi; }
+	@# the package starts a system service where systemd runs: the tests start their own
 
 ## The headless browser the HTML report's tests open it in: Debian's chromium (root installs
 ## it), driven by Playwright pointed at /usr/bin/chromium; nothing downloads a browser.

@@ -56,6 +56,9 @@ class LabOptions:
     """Where each run starts after a period boundary, µs (``simulate --phase-ms`` matches it)."""
     cgroup_parent: str = ""
     """Where the run cgroups are created, below each hierarchy's mount point."""
+    cgroup_name: str = ""
+    """The run cgroup's exact path below each mount (e.g. a container's in a kubelet-like
+    tree, for the agent to find); default: a fresh ``unthrottle-lab-…`` in cgroup_parent."""
 
 
 def run_scenario(
@@ -112,7 +115,9 @@ def _measure(
     watch: Watch | None = None,
 ) -> tuple[RunFigures, PeriodSamples | None]:
     bandwidth = run.bandwidth()
-    name = f"{options.cgroup_parent}/unthrottle-lab-{os.getpid()}-{next(_names)}".strip("/")
+    name = options.cgroup_name or (
+        f"{options.cgroup_parent}/unthrottle-lab-{os.getpid()}-{next(_names)}".strip("/")
+    )
     cgroup = Cgroup(layout, name)
     with Workers(workload.workers) as workers:
         cgroup.create()
@@ -278,9 +283,12 @@ def _batch(
     start = t0
     end = t0
     cpu_ns = workload.task_cpu_us * 1000
+    think_ns = workload.think_us * 1000
     for round_ in range(workload.tasks):
         if round_:
-            start = time.monotonic_ns()
+            # The next round is due think_ns after the last one ended (the workers sleep
+            # until then); with no think time, at once. Never in the past.
+            start = max(end + think_ns, time.monotonic_ns())
         for index in range(workload.workers):
             workers.send(index, f"task {cpu_ns} {start}")
         end = max(_end_of(workers, i, start, wakeups) for i in range(workload.workers))
