@@ -177,9 +177,9 @@ def show_status(status: dict[str, Any]) -> None:
             )
 
 
-def patched(kube: KubeEmulator, app: App) -> tuple[int, int]:
+def patched(kube: KubeEmulator, name: str) -> tuple[int, int]:
     """The limit (millicores) and burst (µs) the Deployment now asks for."""
-    deploy = kube.get("apps/v1/deployments", NS, app.name)
+    deploy = kube.get("apps/v1/deployments", NS, name)
     assert deploy is not None
     template = deploy["spec"]["template"]
     limit = parse_cpu(template["spec"]["containers"][0]["resources"]["limits"]["cpu"])
@@ -288,7 +288,7 @@ def on_the_kernel(layout: Any, folder: Path) -> None:
                 )
                 rows, results = [], {}
                 for app in pods:
-                    limit, burst = patched(kube, app)
+                    limit, burst = patched(kube, app.name)
                     spec = RunSpec(cpus=limit / 1000, burst_ms=burst / 1000)
                     print(f"  {app.name}: {spec.label()} …", flush=True)
                     after = run(app, spec, layout, cgroups[app.name])
@@ -348,18 +348,20 @@ def on_the_model(folder: Path) -> None:
         report = write_report(kube, folder, operator)
         say("the operator: Apply mode")
         show_status(reconcile(kube, operator, {"mode": "Apply", "apply": {"maxConcurrent": 2}}))
-        found = fetch(operator.metrics, [NS], 12 * 3600, at=end, owners=None)
+        owners = operator.workloads.pod_owners([NS])
+        found = fetch(operator.metrics, [NS], 12 * 3600, at=end, owners=owners)
         rows = []
         for w in shop:
             item = next(v for k, v in found.items() if k.deployment == w.name)
             demand = item.period_evidence().demand_us
-            deploy = kube.get("apps/v1/deployments", NS, w.name) or {}
-            limit = parse_cpu(
-                deploy["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"]
-            )
-            for name, quota in (("today", round(w.limit * 100_000)), ("unthrottle", limit * 100)):
-                ratio = simulate_series(demand, Bandwidth(quota)).throttle_ratio
-                rows.append((w.name if name == "today" else "", name, format_cpu(quota // 100),
+            limit, burst = patched(kube, w.name)
+            ours = Bandwidth(limit * 100, burst_us=burst)
+            for name, bandwidth in (("today", Bandwidth(round(w.limit * 100_000))),
+                                    ("unthrottle", ours)):  # fmt: skip
+                ratio = simulate_series(demand, bandwidth).throttle_ratio
+                rows.append((w.name if name == "today" else "", name,
+                             f"{format_cpu((bandwidth.quota_us or 0) // 100)} / "
+                             f"{bandwidth.burst_us / 1000:g} ms",
                              f"{ratio * 100:.0f} %", "–"))  # fmt: skip
     say("before and after, by the model")
     table(rows)
