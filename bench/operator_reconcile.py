@@ -260,6 +260,8 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=Path("/tmp/unthrottle-bench"))
     parser.add_argument("--save", type=Path)
     parser.add_argument("--profile", action="store_true", help="profile the 5th reconcile")
+    parser.add_argument("--trace", action="store_true",
+                        help="tracemalloc: what is held after the 10th reconcile, not the 2nd")
     parser.add_argument("--serve-emulator", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_emulator:
@@ -320,6 +322,23 @@ def main() -> None:
             run["samples"] = source.samples(prom.url, sent)
             source.sent.clear()  # the benchmark's own memory, not the operator's
             runs.append(run)
+            if args.trace and i == 1:
+                import tracemalloc
+
+                tracemalloc.start(12)
+            if args.trace and i in (2, 10):
+                import gc
+                import tracemalloc
+
+                gc.collect()
+                snapshot = tracemalloc.take_snapshot()
+                if i == 2:
+                    first_snapshot = snapshot
+                else:
+                    for stat in snapshot.compare_to(first_snapshot, "traceback")[:8]:
+                        print(stat)
+                        for line in stat.traceback.format()[-8:]:
+                            print("   ", line)
             print(f"reconcile {i}:", run, flush=True)
         out["reconciles"] = runs
         report = client.CoreV1Api(api).read_namespaced_config_map("all-report", NS).data[

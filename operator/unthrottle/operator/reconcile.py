@@ -38,6 +38,11 @@ from unthrottle.report import markdown
 from unthrottle.scan import ClusterError, ScanRequest, ScanResult, Selection, assess, select
 
 _log = logging.getLogger("unthrottle.operator")
+PLOTTED = 50
+"""Deployments whose demand histograms the report ConfigMap keeps (the HTML report plots the
+50 most harmful); the others' would make a 1,000-Deployment report pass 1 MiB."""
+MARKDOWN_ROWS = 200
+"""Deployments in the ConfigMap's report.md (a page people read); report.json has them all."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,8 +241,11 @@ class Reconciler:
         states = {k: v.value for k, v in view.states.items()}
         doc = result.to_json(spec.window)
         doc["policy"] = {"namespace": meta["namespace"], "name": meta["name"]}
-        for w in doc["workloads"]:
+        for rank, w in enumerate(doc["workloads"]):
             w["state"] = states.get(w["deployment"])
+            if rank >= PLOTTED:  # the histograms are for the plots of the most harmful only
+                for c in w["containers"]:
+                    c["histogram"] = []
         total = limit = len(doc["workloads"])
         title = f"unthrottle: policy {meta['namespace']}/{meta['name']}"
         while True:  # cut to fit: truncated with a note, never failing
@@ -245,7 +253,8 @@ class Reconciler:
             if limit < total:
                 shown["truncated"] = {"shown": limit, "left_out": total - limit}
             text_json = json.dumps(shown, separators=(",", ":"))
-            text_md = markdown(result, title=title, states=states, max_workloads=limit)
+            text_md = markdown(result, title=title, states=states,
+                               max_workloads=min(limit, MARKDOWN_ROWS))  # fmt: skip
             size = len(text_json) + len(text_md)
             if size <= self.settings.report_max_bytes or limit == 0:
                 break
