@@ -307,3 +307,16 @@ class TestProperties:
             # within the step (rounding up to 10m may add up to 9m)
             assert rec.limit_millicores <= max(high, policy.min_millicores) + 9
             assert rec.limit_millicores >= min(low, policy.max_millicores) - 1
+
+
+def test_the_uncapped_limit_shows_what_the_step_limit_held_back() -> None:
+    import numpy as np
+
+    from unthrottle.recommend import Current, PeriodEvidence, Policy, recommend
+
+    demand = np.full(6000, 300_000, dtype=np.int64)  # 3 cores wanted in every period
+    rec = recommend(PeriodEvidence(demand), Current(500, 100), Policy())
+    assert rec.limit_millicores == 1000  # ×2 per step from 500m
+    assert rec.uncapped_limit_millicores is not None
+    assert rec.uncapped_limit_millicores >= 3000  # the evidence asks for three cores
+    assert rec.to_json()["uncapped_limit_millicores"] == rec.uncapped_limit_millicores

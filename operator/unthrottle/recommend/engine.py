@@ -100,6 +100,7 @@ def recommend(evidence: Evidence, current: Current, policy: Policy) -> Recommend
         )
     else:
         draft = counter_step(evidence, current, policy)  # headroom is inside the step
+    uncapped = rounded(draft).limit  # what the evidence asks for, before bounds and steps
     draft = bounds(draft, policy, current)
     draft = step_limit(draft, policy, current)
     draft = rounded(draft)
@@ -121,6 +122,7 @@ def recommend(evidence: Evidence, current: Current, policy: Policy) -> Recommend
         current_throttle_ratio=_current_ratio(evidence, current),
         confidence=confidence(evidence) if not _empty(evidence) else 0.0,
         reasons=[*draft.reasons, *notes],
+        uncapped_limit_millicores=uncapped,
     )
 
 

@@ -171,6 +171,9 @@ class Recommendation:
     confidence: float
     """0–1: how much evidence, how long a window, how fine."""
     reasons: list[str] = field(default_factory=list)
+    uncapped_limit_millicores: int | None = None
+    """What the evidence asks for before ``limits.min``/``max`` and the step limits (VPA's
+    "uncapped target"): a reviewer sees how far the caps held the recommendation back."""
 
     @property
     def quota_us(self) -> int | None:
@@ -189,6 +192,7 @@ class Recommendation:
             "expected_throttle_ratio": self.expected_throttle_ratio,
             "confidence": self.confidence,
             "reasons": list(self.reasons),
+            "uncapped_limit_millicores": self.uncapped_limit_millicores,
         }
 
     @property

@@ -71,6 +71,9 @@ class Advice(_Doc):
     )
     confidence: float = Field(ge=0, le=1, description="0–1: how much evidence, how fine.")
     reasons: tuple[str, ...] = Field(description="The estimator chain, step by step.")
+    uncapped_limit_millicores: int | None = Field(
+        None, ge=0, description="What the evidence asks for before bounds and step limits."
+    )
 
 
 class Bucket(_Doc):
