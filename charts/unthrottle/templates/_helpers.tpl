@@ -1,0 +1,95 @@
+{{/* Names, labels and the image, shared by every template. */}}
+
+{{- define "unthrottle.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The release's base name: the release name, prefixed with the chart's unless it has it. */}}
+{{- define "unthrottle.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Component names: room is kept for the suffix within 63 characters. */}}
+{{- define "unthrottle.operator.fullname" -}}
+{{- printf "%s-operator" (include "unthrottle.fullname" . | trunc 54 | trimSuffix "-") -}}
+{{- end -}}
+{{- define "unthrottle.agent.fullname" -}}
+{{- printf "%s-agent" (include "unthrottle.fullname" . | trunc 57 | trimSuffix "-") -}}
+{{- end -}}
+
+{{- define "unthrottle.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/name: {{ include "unthrottle.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: unthrottle
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Selector labels of a component: (dict "ctx" $ "component" "operator"). */}}
+{{- define "unthrottle.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "unthrottle.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "unthrottle.componentLabels" -}}
+{{ include "unthrottle.labels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "unthrottle.image" -}}
+{{- $image := .Values.image -}}
+{{- if $image.digest -}}
+{{- printf "%s@%s" $image.repository $image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $image.repository (default .Chart.AppVersion $image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Peering is on with more than one operator replica. */}}
+{{- define "unthrottle.peering" -}}
+{{- if gt (int .Values.operator.replicas) 1 }}true{{ end -}}
+{{- end -}}
+
+{{/* The Prometheus operator's kinds, rendered only where its CRDs are installed. */}}
+{{- define "unthrottle.hasMonitoring" -}}
+{{- if .Capabilities.APIVersions.Has (printf "monitoring.coreos.com/v1/%s" .kind) }}true{{ end -}}
+{{- end -}}
+
+{{/*
+Checks across values that values.schema.json cannot word clearly; each message names the
+values and the fix. Included by serviceaccounts.yaml, which always renders, so a bad
+combination stops every install and upgrade.
+*/}}
+{{- define "unthrottle.validate" -}}
+{{- $m := .Values.monitoring -}}
+{{- if and $m.serviceMonitor.enabled $m.podMonitor.enabled -}}
+{{- fail "monitoring.serviceMonitor.enabled and monitoring.podMonitor.enabled are both true: choose one (both would scrape the agent twice, and unthrottle would count its demand histograms twice)" -}}
+{{- end -}}
+{{- if not (or .Values.operator.enabled .Values.agent.enabled) -}}
+{{- fail "operator.enabled and agent.enabled are both false: nothing to install" -}}
+{{- end -}}
+{{- $ca := .Values.prometheus.caBundle -}}
+{{- if and $ca.configMap $ca.secret -}}
+{{- fail "prometheus.caBundle: set configMap or secret, not both" -}}
+{{- end -}}
+{{- if and .Values.prometheus.bearerTokenSecret.name .Values.prometheus.bearerTokenFile -}}
+{{- fail "prometheus.bearerTokenSecret.name and prometheus.bearerTokenFile: give the token one way" -}}
+{{- end -}}
+{{- if and .Values.agent.priorityClass.create .Values.agent.priorityClassName -}}
+{{- fail "agent.priorityClassName is set: also set agent.priorityClass.create=false (the release would create a class it does not use)" -}}
+{{- end -}}
+{{- end -}}
