@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo demo-lab test check bench clean venv prometheus browser
+.PHONY: demo demo-lab test check bench clean venv prometheus victoria-metrics browser
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "unthrottle needs Python >= 3.11: install python3.11 (or newer) and run make again, or say PYTHON=/path/to/python3.11"; exit 1; }
@@ -44,10 +44,22 @@ prometheus:
 	  if [ "$$(id -u)" = 0 ]; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 	      apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
-	    if command -v systemctl >/dev/null && systemctl is-system-running >/dev/null 2>&1; then \
-	      systemctl disable --now prometheus >/dev/null 2>&1 || true; fi; \
+	    if [ -d /run/systemd/system ]; then systemctl disable --now prometheus >/dev/null 2>&1 || true; fi; \
 	  else echo "prometheus is not installed and this is not root: its tests will be skipped"; fi; }
 	@# the package starts a system service where systemd runs: the tests start their own
+
+## The PromQL-compatible store the backend tests also run against (tests/test_victoria*.py):
+## Debian's single-node VictoriaMetrics; root installs it.
+victoria-metrics:
+	@command -v victoria-metrics >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+	      apt-get install -y -qq --no-install-recommends victoria-metrics >/dev/null; \
+	    if [ -d /run/systemd/system ]; then \
+	      systemctl disable --now victoria-metrics >/dev/null 2>&1 || true; fi; \
+	  else echo "victoria-metrics is not installed and this is not root: its tests will be skipped"; fi; }
+	@# the package enables and starts a system service where systemd is the init (even a
+	@# "degraded" one): stopped and disabled above; the tests start their own on 127.0.0.1
 
 ## The headless browser the HTML report's tests open it in: Debian's chromium (root installs
 ## it), driven by Playwright pointed at /usr/bin/chromium; nothing downloads a browser.
@@ -59,7 +71,7 @@ browser:
 	  else echo "chromium is not installed and this is not root: the browser tests will be skipped"; fi; }
 
 ## Lint, types, architecture contracts, then the whole test suite.
-test: $(STAMP) prometheus browser check
+test: $(STAMP) prometheus victoria-metrics browser check
 	$(BIN)/pytest
 
 check: $(STAMP)

@@ -16,10 +16,15 @@ evidence is what ``fetch`` would say of that span. A query refused as too big
 is sent again once per namespace, as ``fetch`` does.
 
 Steps: ``n = ceil((end − start) / slot_s)`` spans of equal length, whole
-milliseconds (PromQL's resolution for ranges and steps). When ``end − start``
-in milliseconds is not a multiple of ``n``, the spans end up to ``n − 1`` ms
-before ``end``: the last span's end is what was read, and the rest is read
-next time, so nothing is lost or read twice.
+milliseconds (PromQL's resolution for ranges and steps), but none shorter than a
+minute when the read is longer than one (fewer spans then): a 90 s read on 60 s
+slots is one span, not two of 45 s. A short span may hold a single scrape, and
+VictoriaMetrics replaces the last points of a range query whose step is under
+``-search.maxStepForPointsAdjustment`` (1 minute) by the point before them when
+they fall within ``-search.latencyOffset`` of its clock (docs/metrics.md). When
+``end − start`` in milliseconds is not a multiple of ``n``, the spans end up to
+``n − 1`` ms before ``end``: the last span's end is what was read, and the rest is
+read next time, so nothing is lost or read twice.
 
 Recorded series (unthrottle's recording rules, 5-minute increases) work too:
 a span's total is ``sum_over_time`` of the samples in it. Prometheus 2 ranges
@@ -68,6 +73,8 @@ from unthrottle.metrics.source import MetricsSource, RangeSeries
 from unthrottle.model.owners import Owners
 
 _OWNER_QUERIES = ("replicaset_owners", "pod_owners")
+MIN_STEP_MS = 60_000
+"""The shortest span of a read longer than it (see the module's docstring)."""
 
 
 class Steps(NamedTuple):
@@ -89,12 +96,13 @@ class Steps(NamedTuple):
 
 
 def steps(start: float, end: float, slot_s: float) -> Steps:
-    """``ceil((end − start) / slot_s)`` equal spans from ``start`` to (nearly) ``end``."""
+    """``ceil((end − start) / slot_s)`` equal spans from ``start`` to (nearly) ``end``,
+    fewer when they would be shorter than :data:`MIN_STEP_MS` (one at least)."""
     start_ms, total_ms = round(start * 1000), round(end * 1000) - round(start * 1000)
     slot_ms = max(1, round(slot_s * 1000))
     if total_ms <= 0:
         return Steps(start_ms, 0, 0)
-    n = -(-total_ms // slot_ms)
+    n = max(1, min(-(-total_ms // slot_ms), total_ms // MIN_STEP_MS))
     return Steps(start_ms, total_ms // n, n)
 
 

@@ -1,0 +1,88 @@
+"""One policy's reconcile, called directly, against the Kubernetes emulator and
+VictoriaMetrics: test_reconcile's tests of the status, of engine reuse and of the
+checkpointed sliding window, run here with their ``world`` holding VictoriaMetrics, and
+the statuses compared with a reconcile over Prometheus."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+import test_reconcile
+from kube_emulator import KubeEmulator
+from prom import PrometheusServer, requires_prometheus
+from shop import objects, openmetrics
+from test_reconcile import (  # collected here too, against this module's fixture
+    MANY,
+    POLICIES,
+    World,
+    test_a_restarted_operator_reads_only_the_gap_from_its_checkpoint,
+    test_a_second_reconcile_over_the_same_evidence_runs_no_engine,
+    test_status_keeps_the_most_harmful_and_says_how_many_were_left_out,
+)
+from test_victoria import RATIO_SLACK, assert_close
+from unthrottle.cfs.settings import parse_cpu
+from unthrottle.metrics.source import PrometheusConfig, PrometheusSource
+from victoria import VictoriaMetricsServer, requires_victoria
+
+pytestmark = requires_victoria
+REUSED = (
+    test_status_keeps_the_most_harmful_and_says_how_many_were_left_out,
+    test_a_second_reconcile_over_the_same_evidence_runs_no_engine,
+    test_a_restarted_operator_reads_only_the_gap_from_its_checkpoint,
+)
+"""test_reconcile's tests, each run here against VictoriaMetrics."""
+one_policy_at_a_time = test_reconcile.one_policy_at_a_time
+"""test_reconcile's autouse fixture: each test's policies go with it."""
+
+
+@pytest.fixture(scope="module")
+def history() -> str:
+    """test_reconcile's six hours of twelve small Deployments."""
+    return openmetrics(MANY, int(time.time()) // 60 * 60, span=6 * 3600)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory, history: str) -> Iterator[World]:
+    folder = tmp_path_factory.mktemp("reconcile")
+    with KubeEmulator() as kube, VictoriaMetricsServer(folder, openmetrics=history) as vm:
+        for w in MANY:
+            for resource, obj in objects(w):
+                kube.put(resource, obj)
+        api = kube.api_client(kube.kubeconfig(folder / "kubeconfig"))
+        yield World(kube, PrometheusSource(PrometheusConfig(vm.url, retries=0)), api)
+
+
+def _recommended(world: World, name: str) -> dict[str, tuple[str, tuple[int, int], float]]:
+    """Deployment → its state, recommended (limit, burst µs) and throttle ratio."""
+    status = world.body(name)["status"]
+    return {
+        w["deployment"]: (w["state"], (parse_cpu(c["recommended"]["cpuLimit"]),
+                                       round(float(c["recommended"]["burst"][:-2]) * 1000)),
+                          c["throttleRatio"])
+        for w in status["workloads"] for c in w["containers"]
+    }  # fmt: skip
+
+
+@requires_prometheus
+def test_the_status_over_victoria_metrics_is_the_one_over_prometheus_within_a_bucket(
+    world: World, history: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    world.policy("compared", {"window": "5h"})
+    assert world.reconciler().reconcile(world.body("compared")).fault is None
+    ours = _recommended(world, "compared")
+    with PrometheusServer(tmp_path_factory.mktemp("prom"), openmetrics=history) as prom:
+        over_prometheus = World(world.kube, PrometheusSource(PrometheusConfig(prom.url)),
+                                world.api)  # fmt: skip
+        world.kube.delete(POLICIES, "big", "compared", force=True)
+        world.policy("compared", {"window": "5h"})
+        assert over_prometheus.reconciler().reconcile(world.body("compared")).fault is None
+    theirs = _recommended(world, "compared")
+    assert ours.keys() == theirs.keys() and len(ours) == 12
+    for name, (state, recommended, ratio) in ours.items():
+        other_state, other_recommended, other_ratio = theirs[name]
+        assert state == other_state, name
+        assert_close(recommended, other_recommended)
+        assert ratio == pytest.approx(other_ratio, abs=RATIO_SLACK), name
