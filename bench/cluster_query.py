@@ -33,7 +33,6 @@ import math
 import shutil
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -43,15 +42,12 @@ import numpy as np
 import requests
 
 from unthrottle.agent.sampling import BUCKETS_CORES
+from unthrottle.devtools.prometheus import PrometheusServer
 from unthrottle.metrics.advise import Job, advise_all, usable_cpus
 from unthrottle.metrics.evidence import CONCURRENCY, fetch, queries
 from unthrottle.metrics.promql import AGENT_COUNTERS, any_of, equals, selector
 from unthrottle.metrics.source import PrometheusConfig, PrometheusSource
 from unthrottle.recommend import Current, Policy
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-from prom import PrometheusServer  # noqa: E402
 
 NAMESPACES = 20
 PODS = 5

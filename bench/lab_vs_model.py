@@ -4,7 +4,10 @@
     python bench/lab_vs_model.py --from FILE.jsonl   # compares a saved `lab run --json`
 
 Each run is simulated at the period and tick phase the lab measured for it, on
-this machine's cores and HZ (unthrottle.lab.agreement). Prints a Markdown table.
+this machine's cores and HZ (unthrottle.lab.agreement). Prints a Markdown table,
+and how busy the rest of the machine was while the lab measured: latencies are
+a measurement only on a quiet machine (unthrottle.lab.noise), which is why the
+latency agreement lives here and not in a pass/fail test.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 
 from unthrottle.cfs.figures import CpuStatDelta, Latency, RunFigures
 from unthrottle.lab.agreement import RATIO_TOLERANCE, compare
+from unthrottle.lab.noise import QUIET_CORES, OtherLoad
 from unthrottle.model.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,7 +59,10 @@ def main() -> int:
     else:
         exe = Path(sys.executable).with_name("unthrottle")
         cmd = [str(exe), "lab", "run", "--json", *map(str, SCENARIOS)]
-        text = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        with OtherLoad() as noise:
+            text = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        quiet = "quiet" if noise.quiet else f"NOT quiet (over {QUIET_CORES} cores)"
+        print(f"While the lab measured, {noise.describe()}: {quiet}.\n")
         if args.save:
             args.save.write_text(text)
     scenarios = {s.name: s for s in map(load_scenario, SCENARIOS)}

@@ -29,10 +29,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
+sys.path.insert(0, str(ROOT / "bench"))
 from cluster_query import BOUNDS, cdf  # noqa: E402
-from prom import PrometheusServer  # noqa: E402
 from unthrottle.agent.sampling import BUCKETS_CORES  # noqa: E402
+from unthrottle.devtools.prometheus import PrometheusServer  # noqa: E402
 
 DAY, STEP = 86_400, 60
 SHOP = {  # deployment: (base cores, burst share, burst cores, limit cores, pods)

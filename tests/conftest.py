@@ -1,8 +1,15 @@
-"""Shared fixtures: the real cgroup layout for kernel tests, and leak checks."""
+"""Shared fixtures and collection rules: the real cgroup layout for kernel tests, leak
+checks, and the markers that skip by themselves.
+
+- ``kernel``: skipped, with the reason, without root or a cgroup CPU controller;
+- ``cluster``: the real-cluster suite is opt-in, skipped unless
+  ``UNTHROTTLE_TEST_CLUSTER=1`` (see ``tests/test_real_cluster.py``).
+"""
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,25 +19,68 @@ from unthrottle.cgroups import CgroupError, Layout, detect_layout
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = sorted((ROOT / "scenarios").glob("seed-*.yaml"))
+CLUSTER_OPT_IN = "UNTHROTTLE_TEST_CLUSTER"
 
 
-def _kernel_layout() -> Layout | None:
+def _kernel_layout() -> tuple[Layout | None, str]:
     if os.geteuid() != 0:
-        return None
+        return None, "needs root (it creates real cgroups)"
     try:
-        return detect_layout()
-    except CgroupError:
+        return detect_layout(), ""
+    except CgroupError as err:
+        return None, f"needs a cgroup CPU controller: {err}"
+
+
+KERNEL_LAYOUT, KERNEL_MISSING = _kernel_layout()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip what this machine or this run cannot do, saying why, whatever fixtures a test
+    asks for."""
+    no_kernel = pytest.mark.skip(reason=f"kernel test: {KERNEL_MISSING}")
+    no_cluster = pytest.mark.skip(
+        reason=f"real-cluster suite is opt-in: set {CLUSTER_OPT_IN}=1 and KUBECONFIG"
+    )
+    for item in items:
+        if KERNEL_LAYOUT is None and item.get_closest_marker("kernel") is not None:
+            item.add_marker(no_kernel)
+        if os.environ.get(CLUSTER_OPT_IN) != "1" and item.get_closest_marker("cluster"):
+            item.add_marker(no_cluster)
+
+
+_OWNER = re.compile(r"^unthrottle-\D*?(\d+)")
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
         return None
+    return int(stat.rpartition(")")[2].split()[1])
 
 
-KERNEL_LAYOUT = _kernel_layout()
+def _someone_elses(name: str) -> bool:
+    """A cgroup named after a live process that is neither this one nor one it started:
+    another engineer's test run on the same machine, not a leak of ours."""
+    match = _OWNER.match(name)
+    if match is None:
+        return False
+    pid: int | None = int(match.group(1))
+    if not Path(f"/proc/{pid}").exists():
+        return False  # its owner is gone: ours if it appeared during our test
+    while pid is not None and pid > 1:
+        if pid == os.getpid():
+            return False
+        pid = _parent_of(pid)
+    return True
 
 
 def lab_cgroups(layout: Layout) -> set[Path]:
-    """Every lab or test cgroup present now, in every hierarchy."""
+    """Every lab or test cgroup present now, in every hierarchy, except those of other
+    processes' test runs (the machine is shared)."""
     found: set[Path] = set()
     for root in layout.roots:
-        found |= set(root.glob("unthrottle-*"))
+        found |= {p for p in root.glob("unthrottle-*") if not _someone_elses(p.name)}
     return found
 
 
@@ -41,7 +91,7 @@ def layout() -> Iterator[Layout]:
     After the test, no cgroup it created may be left behind.
     """
     if KERNEL_LAYOUT is None:
-        pytest.skip("needs root and a cgroup CPU controller")
+        pytest.skip(f"kernel test: {KERNEL_MISSING}")
     before = lab_cgroups(KERNEL_LAYOUT)
     yield KERNEL_LAYOUT
     left = lab_cgroups(KERNEL_LAYOUT) - before

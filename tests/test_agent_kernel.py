@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from helpers import CgroupTree, kubepods_levels
 from prom import PrometheusServer, free_port, requires_prometheus
 from unthrottle.cgroups import Cgroup, Layout
+from unthrottle.lab.noise import OtherLoad
 
 pytestmark = pytest.mark.kernel
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
@@ -39,16 +40,27 @@ def get(url: str, timeout: float = 5) -> tuple[int, str]:
         return err.code, err.read().decode()
 
 
-def wait_for(url: str, seconds: float = 15) -> None:
+def wait_for(url: str, seconds: float = 15, *, log: Path | None = None) -> None:
+    """Until ``url`` answers 200; else fail with its last answer and the agent's log."""
     deadline = time.monotonic() + seconds
+    last: object = None
     while time.monotonic() < deadline:
         try:
-            if get(url, timeout=1)[0] == 200:
+            last = get(url, timeout=1)
+            if last[0] == 200:  # type: ignore[index]
                 return
-        except OSError:
-            pass
+        except OSError as err:
+            last = err
         time.sleep(0.1)
-    raise AssertionError(f"{url} never answered 200")
+    text = log.read_text()[-2000:] if log is not None and log.exists() else ""
+    raise AssertionError(f"{url} never answered 200 (last: {last!r})\n{text}")
+
+
+def start_agent(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    """``unthrottle agent ARGS``, its stderr (JSON logs) into ``log``: a pipe nobody reads
+    would fill up and block the agent."""
+    with log.open("ab") as out:
+        return subprocess.Popen([str(UNTHROTTLE), "agent", *args], stderr=out)
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -74,10 +86,16 @@ class Workload(CgroupTree):
         self.container = Cgroup(layout, self.levels[-1])
         self.child: subprocess.Popen[bytes] | None = None
 
-    def start(self, seconds: float) -> None:
+    def prepare(self) -> None:
+        """Create the cgroups (an agent started now finds the container, idle)."""
+        if self.made:
+            return
         for path in self.levels[:-1]:
             self.make(path)
         self.container = self.make(self.levels[-1], self.quota_us)
+
+    def start(self, seconds: float) -> None:
+        self.prepare()
         code = (
             f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end: pass"
         )
@@ -105,15 +123,16 @@ def workload(layout: Layout) -> Iterator[Workload]:
 
 
 @pytest.fixture
-def agent(workload: Workload) -> Iterator[str]:
+def agent(workload: Workload, tmp_path: Path) -> Iterator[str]:
     port = free_port()
-    proc = subprocess.Popen(
-        [str(UNTHROTTLE), "agent", "--standalone", "--cgroup-root", workload.root,
-         "--listen", f"127.0.0.1:{port}", "--period", "100ms", "--discover-every", "500ms"],
-        stderr=subprocess.PIPE,
+    workload.prepare()
+    proc = start_agent(
+        ["--standalone", "--cgroup-root", workload.root, "--listen", f"127.0.0.1:{port}",
+         "--period", "100ms", "--discover-every", "500ms"],
+        tmp_path / "agent.log",
     )  # fmt: skip
     try:
-        wait_for(f"http://127.0.0.1:{port}/healthz")
+        wait_for(f"http://127.0.0.1:{port}/healthz", log=tmp_path / "agent.log")
         yield f"127.0.0.1:{port}"
     finally:
         stop(proc)
@@ -130,8 +149,9 @@ def samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
 def test_the_agent_exports_what_the_kernel_counts_and_the_demand_usage_hides(
     workload: Workload, agent: str
 ) -> None:
-    workload.start(seconds=3)
-    workload.finish()  # discovered within 0.5 s of starting
+    with OtherLoad() as noise:
+        workload.start(seconds=3)
+        workload.finish()  # discovered within 0.5 s of starting
     time.sleep(0.5)  # counters frozen; the agent has sampled them since
     status, text = get(f"http://{agent}/metrics")
     assert status == 200
@@ -144,13 +164,17 @@ def test_the_agent_exports_what_the_kernel_counts_and_the_demand_usage_hides(
     assert mine["unthrottle_cpu_cfs_throttled_seconds_total"] == [kernel.throttled_us / 1e6]
     assert mine["unthrottle_cpu_cfs_quota_seconds"] == [0.03]
     assert kernel.nr_throttled >= 15
-    # Windows where the thread ran: ~0.3 used + ~0.7 throttled = ~1 core of demand.
     buckets = {labels["le"]: v for labels, v in got["unthrottle_cpu_demand_cores_bucket"]
                if labels["pod"] == pod}  # fmt: skip
-    near_one = buckets["1.25"] - buckets["0.75"]
-    assert near_one >= 12, buckets
-    assert buckets["0.4"] - buckets["0.05"] <= 6  # hardly any window reads as the capped 0.3
-    assert mine["unthrottle_cpu_demand_peak_cores"][0] >= 0.9
+    # Whatever the load: a window that throttled reads above the capped 0.3 (its usage,
+    # then the stall to the period's end), so the demand is not the usage.
+    assert buckets["+Inf"] - buckets["0.4"] >= 12, buckets
+    if noise.quiet:  # a thread with a core to itself: ~0.3 used + ~0.7 throttled = ~1 core
+        assert buckets["1.25"] - buckets["0.75"] >= 12, buckets
+        assert buckets["0.4"] - buckets["0.05"] <= 6  # hardly any window reads as 0.3
+        assert mine["unthrottle_cpu_demand_peak_cores"][0] >= 0.9
+    else:
+        print(f"demand near one core not asserted: {noise.describe()}")
     # The pod-level and QoS cgroups have neither quota nor processes: not containers here.
     assert {labels["pod"] for labels, _ in got["unthrottle_cpu_cfs_periods_total"]} == {pod}
 
@@ -168,8 +192,9 @@ def test_a_real_prometheus_scrapes_the_agent_and_promql_sees_the_demand(
         f"scrape_configs:\n  - job_name: agent\n    static_configs: [{{targets: ['{agent}']}}]\n"
     )
     with PrometheusServer(tmp_path, scrape=scrape) as prom:
-        workload.start(seconds=8)
-        workload.finish()
+        with OtherLoad() as noise:
+            workload.start(seconds=8)
+            workload.finish()
         time.sleep(2)  # the last scrape after the workload ended
         query = (
             "histogram_quantile(0.5, sum by (le) (increase("
@@ -181,8 +206,12 @@ def test_a_real_prometheus_scrapes_the_agent_and_promql_sees_the_demand(
     result = json.loads(body)["data"]["result"]
     assert result, body
     median = float(result[0]["value"][1])
-    # The workload's per-window demand is ~1 core; buckets around it are 0.9, 1.0, 1.25.
-    assert 0.75 <= median <= 1.25, median
+    # The workload's per-window demand is ~1 core with a core to itself (buckets around
+    # it: 0.9, 1.0, 1.25); on a busy machine it waits for a CPU, neither running nor
+    # throttled, but its demand still reads above the 0.3 its usage is capped at.
+    assert 0.4 <= median <= 1.25, median
+    if noise.quiet:
+        assert median >= 0.75, median
 
 
 def test_the_agent_names_pods_and_containers_through_the_kubernetes_api(
@@ -196,15 +225,15 @@ def test_the_agent_names_pods_and_containers_through_the_kubernetes_api(
         km.put_pod(pod("shop", "elsewhere", "0" * 8 + "-0000-0000-0000-" + "0" * 12, "node-b",
                        {"api": "f" * 64}))  # fmt: skip
         port = free_port()
-        proc = subprocess.Popen(
-            [str(UNTHROTTLE), "agent", "--kubeconfig", str(km.kubeconfig(tmp_path / "kc")),
-             "--node-name", "node-test", "--kubepods-parent", workload.root,
-             "--listen", f"127.0.0.1:{port}", "--discover-every", "500ms",
-             "--burst-node-threshold", "1.0"],
-            stderr=subprocess.PIPE,
+        workload.prepare()
+        proc = start_agent(
+            ["--kubeconfig", str(km.kubeconfig(tmp_path / "kc")), "--node-name", "node-test",
+             "--kubepods-parent", workload.root, "--listen", f"127.0.0.1:{port}",
+             "--discover-every", "500ms", "--burst-node-threshold", "1.0"],
+            tmp_path / "agent.log",
         )  # fmt: skip
         try:
-            wait_for(f"http://127.0.0.1:{port}/healthz")
+            wait_for(f"http://127.0.0.1:{port}/healthz", log=tmp_path / "agent.log")
             workload.start(seconds=1.5)
             workload.finish()
             time.sleep(0.3)

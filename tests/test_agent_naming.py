@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -72,3 +73,15 @@ def test_cgroups_get_namespace_pod_and_container_names() -> None:
     named = {(f.namespace, f.pod, f.container) for f in name_cgroups(found, pods)}
     # the pod cgroup and its known container; the pause container and the unknown pod are not
     assert named == {("shop", "api-1", ""), ("shop", "api-1", "api")}
+
+
+def test_a_pod_list_that_hangs_gives_up_after_the_timeout(api: tuple[KmockThread, Any]) -> None:
+    km, core = api
+    km.put_pod(pod("shop", "api-1", UID_A, "node-a", {"api": CID_API}))
+    cached = CachedPods(KubePodSource(core, "node-a", timeout_s=0.5))
+    assert len(cached.pods()) == 1
+    km.fail_next("GET", "/api/v1/pods", status=None, delay=20)  # answers, 20 s late
+    core.api_client.configuration.retries = 0
+    started = time.monotonic()
+    assert [p.name for p in cached.pods()] == ["api-1"]  # the last good list
+    assert 0.4 < time.monotonic() - started < 5  # it waited, then gave up

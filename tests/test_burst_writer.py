@@ -136,3 +136,24 @@ def test_a_bad_annotation_changes_nothing_and_is_logged_once(
         writer.apply(node.found(bad), bad)
     assert node.burst(api.path) == 0
     assert sum("cpu-burst" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_what_was_said_about_pods_and_containers_that_are_gone_is_forgotten(node: Node) -> None:
+    writer = BurstWriter(node.layout, NodeCpu())
+    previous = None
+    for round_ in range(12):  # a container restarts again and again, its burst clamped
+        cid = f"{round_:02d}" + "e" * 62
+        container = node.container(cid, 30_000)
+        if previous is not None:
+            node.remove(previous)
+        previous = container
+        current = pods({"unthrottle.io/cpu-burst": "40ms"}, {cid: "api"})
+        writer.apply(node.found(current), current)
+        assert node.burst(container.path) == 30_000
+    assert writer.clamped_total == 12
+    assert writer.remembered == 1  # the live container's clamp, not every one it ever had
+    bad = pods({"unthrottle.io/cpu-burst": "lots"}, {cid: "api"})
+    writer.apply(node.found(bad), bad)
+    assert writer.remembered == 2  # and the bad annotation of the pod, still there
+    writer.apply(node.found([]), [])  # the pod is gone
+    assert writer.remembered == 0

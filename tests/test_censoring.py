@@ -13,6 +13,7 @@ import pytest
 
 from unthrottle.cgroups import Layout
 from unthrottle.lab import LabOptions, run_sampled
+from unthrottle.lab.noise import OtherLoad
 from unthrottle.model.scenario import parse_scenario
 from unthrottle.recommend import Current, PeriodEvidence, Policy, Strategy, recommend
 
@@ -31,18 +32,25 @@ POLICY = Policy(strategy=Strategy.LIMIT_ONLY, headroom=0, max_step_up=100, min_m
 def test_usage_plus_throttled_time_recovers_the_demand_that_usage_hides(
     layout: Layout,
 ) -> None:
+    """The censoring is the kernel's and holds whatever the load; the recovery compares
+    two runs' demand, which another process on the 2 cores changes (two workers left one
+    core want one core): it is asserted on a quiet machine, else skipped with the load."""
     workload = SCENARIO.workload.to_workload()
-    _, truth = run_sampled(workload, SCENARIO.runs[0], layout, LabOptions())
-    limited, seen = run_sampled(workload, SCENARIO.runs[1], layout, LabOptions())
-    assert limited.stat.throttle_ratio > 0.8
-    busy = truth.demand_us[truth.demand_us > 0]
-    # Two threads busy back to back: ~2 CPUs of demand per period.
-    assert np.median(busy) > 150_000
+    with OtherLoad() as noise:
+        _, truth = run_sampled(workload, SCENARIO.runs[0], layout, LabOptions())
+        limited, seen = run_sampled(workload, SCENARIO.runs[1], layout, LabOptions())
     # Censored: usage under the limit stays at the quota (50 ms). A window may catch more:
     # each CPU may carry a 5 ms slice into a period, and the sampler's windows sit 1 ms
     # after the boundaries with some wake-up jitter, so the bound is on the bulk.
     assert np.median(seen.usage_us) <= 51_000
     assert np.percentile(seen.usage_us, 90) <= 50_000 + 2 * 5_000
+    if not noise.quiet:
+        pytest.skip(f"the machine was busy while the lab measured: {noise.describe()} "
+                    "(the recovery needs both cores for the workers)")  # fmt: skip
+    assert limited.stat.throttle_ratio > 0.8
+    busy = truth.demand_us[truth.demand_us > 0]
+    # Two threads busy back to back: ~2 CPUs of demand per period.
+    assert np.median(busy) > 150_000
     # Estimated: usage + throttled time is back near the truth.
     estimated = seen.demand_us[seen.demand_us > 0]
     assert np.median(estimated) == pytest.approx(np.median(busy), rel=0.2)

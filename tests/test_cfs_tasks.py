@@ -125,6 +125,25 @@ class TestKernelDetails:
         assert two.stat.nr_throttled > 0
 
 
+class TestBatchThinkTime:
+    """``think_us`` for a batch is the idle time between rounds (0: back to back)."""
+
+    def test_rounds_start_think_time_after_the_last_one_ended(self) -> None:
+        paced = replace(BATCH, think_us=50_000)
+        fig = run(paced, Bandwidth())
+        assert fig.wall_ms == pytest.approx(10 * 60 + 9 * 50)
+        assert fig.latency.max == pytest.approx(60)  # the idle time is not latency
+        assert run(BATCH, Bandwidth()).wall_ms == pytest.approx(10 * 60)  # 0: back to back
+
+    def test_idle_time_between_rounds_refills_the_bucket(self) -> None:
+        # 2 × 60 ms per round under 1 CPU: back to back, every round finds the bucket
+        # drained; with 200 ms between rounds each starts on a full one.
+        back_to_back = run(BATCH, Bandwidth(100_000))
+        paced = run(replace(BATCH, think_us=200_000), Bandwidth(100_000))
+        assert paced.latency.p95 < back_to_back.latency.p95
+        assert paced.stat.throttled_us < back_to_back.stat.throttled_us
+
+
 workloads = st.builds(
     Workload,
     kind=st.sampled_from(list(Kind)),

@@ -119,3 +119,31 @@ class TestCgroupV1Joint:
 def test_counter_deltas_subtract_field_by_field() -> None:
     after = CpuStat(1000, 10, 4, 500, 2, 30)
     assert after - CpuStat(400, 6, 1, 100, 1, 10) == CpuStat(600, 4, 3, 400, 1, 20)
+
+
+def test_a_v2_cgroup_without_the_cpu_controller_has_usage_and_no_throttling(
+    tmp_path: Path,
+) -> None:
+    from unthrottle.cgroups.counters import CounterReader
+
+    # Its parent does not enable `cpu` for it: cpu.stat has the usage lines only, no cpu.max.
+    d = tmp_path / "system.slice" / "db.service"
+    d.mkdir(parents=True)
+    (d / "cpu.stat").write_text("usage_usec 5000\nuser_usec 3000\nsystem_usec 2000\n")
+    reader = CounterReader(Layout(Version.V2, tmp_path, tmp_path), "system.slice/db.service")
+    try:
+        assert not reader.throttling
+        assert reader.demand() == 5_000  # not usage + system_usec, the field standing last
+        assert reader.usage_and_demand() == (5_000, 5_000)
+        assert reader.read() == CpuStat(5_000, 0, 0, 0, 0, 0)
+        assert reader.bandwidth() == Bandwidth(None)  # no quota, and no error for cpu.max
+        # The controller is enabled later: its lines appear and are found.
+        (d / "cpu.stat").write_text(
+            "usage_usec 6000\nuser_usec 3500\nsystem_usec 2500\nnr_periods 3\n"
+            "nr_throttled 1\nthrottled_usec 700\n"
+        )
+        (d / "cpu.max").write_text("50000 100000\n")
+        assert reader.bandwidth() == Bandwidth(50_000, 100_000)
+        assert reader.demand() == 6_700
+    finally:
+        reader.close()

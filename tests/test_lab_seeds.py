@@ -2,102 +2,203 @@
 
 Runs every scenario in scenarios/ once in the lab (about a minute), then checks
 what issue 2 asks: the phenomena of DESIGN.md section 1 appear, and the model,
-simulated at the phase the lab measured, agrees run by run. Bounds are loose
-enough for a loaded CI machine; the exact figures are in docs/benchmarks.md.
+simulated at the phase the lab measured, agrees run by run.
+
+A pass/fail test must hold on a busy 2-core machine, so there are two kinds:
+- what the kernel guarantees whatever the load (counters and their bounds),
+  asserted always;
+- latency and throttle-ratio agreement with the model, which another process
+  on the machine moves (an unlimited open pool measured p95 43 ms instead of
+  13 ms beside a test suite): asserted only when the machine was quiet while
+  the lab measured (``unthrottle.lab.noise``), else skipped with the load
+  measured. ``bench/lab_vs_model.py`` measures it on a quiet machine
+  (docs/benchmarks.md §3).
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import pytest
 
 from conftest import KERNEL_LAYOUT, SCENARIOS
 from unthrottle.cfs import RunFigures
+from unthrottle.cfs.workload import Kind, Workload
 from unthrottle.lab import LabOptions, run_scenario
 from unthrottle.lab.agreement import compare
-from unthrottle.model.scenario import load_scenario
+from unthrottle.lab.noise import OtherLoad
+from unthrottle.model.scenario import RunSpec, Scenario, load_scenario
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
 
-Lab = dict[str, list[RunFigures]]
+CORES = len(os.sched_getaffinity(0))
+SLICE_US = 5_000  # sched_cfs_bandwidth_slice_us: runtime a CPU may carry into a period
+TICK_US = 4_000  # 1/HZ at HZ 250: how far a thread may overrun before it is stopped
+
+
+@dataclass
+class Lab:
+    """Every seed scenario's runs, and how busy the rest of the machine was meanwhile."""
+
+    runs: dict[str, list[RunFigures]]
+    noise: OtherLoad
+
+    def __getitem__(self, name: str) -> list[RunFigures]:
+        return self.runs[name]
+
+
+def measure(scenarios: list[Scenario]) -> Lab:
+    assert KERNEL_LAYOUT is not None
+    with OtherLoad() as noise:
+        runs = {s.name: run_scenario(s, KERNEL_LAYOUT, LabOptions()) for s in scenarios}
+    return Lab(runs, noise)
 
 
 @pytest.fixture(scope="module")
 def lab() -> Lab:
     if KERNEL_LAYOUT is None:
         pytest.skip("needs root and a cgroup CPU controller")
-    return {
-        load_scenario(p).name: run_scenario(load_scenario(p), KERNEL_LAYOUT, LabOptions())
-        for p in SCENARIOS
-    }
+    return measure([load_scenario(p) for p in SCENARIOS])
 
 
-def test_without_a_limit_latency_is_the_task_cpu_time(lab: Lab) -> None:
-    for name, cpu_ms in [("seed-000-serial-30ms", 30), ("seed-000-serial-5ms", 5)]:
-        free = lab[name][0]
-        assert free.latency.p50 == pytest.approx(cpu_ms, rel=0.1), name
-        assert free.stat.nr_throttled == 0
+def require_quiet(lab: Lab) -> None:
+    """Latencies are only a measurement on a quiet machine: skip, saying how busy it was."""
+    if not lab.noise.quiet:
+        pytest.skip(f"the machine was busy while the lab measured: {lab.noise.describe()} "
+                    "(latencies need a quiet machine; counters are asserted anyway)")  # fmt: skip
 
 
-def test_30ms_tasks_under_half_a_cpu(lab: Lab) -> None:
-    _, half, short_period = lab["seed-000-serial-30ms"]
-    assert half.latency.p50 > 60
-    assert half.stat.throttle_ratio > 0.8
-    # the 10 ms period lowers p50; the throttled time stays about the same
-    assert short_period.latency.p50 < half.latency.p50
-    assert short_period.stat.throttled_us == pytest.approx(half.stat.throttled_us, rel=0.25)
+class TestThePhenomenaOnAQuietMachine:
+    """DESIGN.md §1 on this kernel. Another process on a 2-core machine moves latencies and
+    throttle ratios alike (two workers left one core throttle less under 1 CPU), so each is
+    asserted when the machine was quiet while the lab measured, and skipped, with the load
+    measured, when it was not. What holds whatever the load is asserted further down."""
+
+    def test_without_a_limit_latency_is_the_task_cpu_time(self, lab: Lab) -> None:
+        require_quiet(lab)
+        for name, cpu_ms in [("seed-000-serial-30ms", 30), ("seed-000-serial-5ms", 5)]:
+            assert lab[name][0].latency.p50 == pytest.approx(cpu_ms, rel=0.1), name
+
+    def test_30ms_tasks_under_half_a_cpu(self, lab: Lab) -> None:
+        require_quiet(lab)
+        _, half, short_period = lab["seed-000-serial-30ms"]
+        assert half.latency.p50 > 60
+        assert half.stat.throttle_ratio > 0.8
+        # the 10 ms period lowers p50; the throttled time stays about the same
+        assert short_period.latency.p50 < half.latency.p50
+        assert short_period.stat.throttled_us == pytest.approx(half.stat.throttled_us, rel=0.25)
+
+    def test_5ms_tasks_low_p50_high_p95(self, lab: Lab) -> None:
+        require_quiet(lab)
+        limited = lab["seed-000-serial-5ms"][1]
+        assert limited.latency.p50 < 8
+        assert limited.latency.p95 > 30
+
+    def test_parallel_batches_slowed_under_their_parallelism_only(self, lab: Lab) -> None:
+        require_quiet(lab)
+        free, half, one, two = lab["seed-000-batch-parallel"]
+        assert half.latency.p50 > one.latency.p50 > 1.4 * free.latency.p50
+        assert two.latency.p50 < 1.2 * free.latency.p50
+        assert two.stat.nr_throttled <= 1
+
+    def test_burst_lowers_throttling_when_the_average_fits(self, lab: Lab) -> None:
+        require_quiet(lab)
+        plain, burst = lab["seed-002-burst"]
+        assert plain.stat.nr_throttled > 0
+        assert burst.stat.nr_throttled < plain.stat.nr_throttled
+        assert burst.stat.nr_bursts > 0
+
+    def test_an_open_pool_queues_behind_a_tight_limit(self, lab: Lab) -> None:
+        require_quiet(lab)
+        free, tight, loose = lab["seed-004-open-pool"]
+        assert tight.latency.p95 > 3 * free.latency.p95
+        assert tight.stat.throttle_ratio > 0.3
+        assert loose.stat.throttle_ratio < 0.1
 
 
-def test_5ms_tasks_low_p50_high_p95(lab: Lab) -> None:
-    limited = lab["seed-000-serial-5ms"][1]
-    assert limited.latency.p50 < 8
-    assert limited.latency.p95 > 30
+def test_without_a_limit_nothing_is_throttled(lab: Lab) -> None:
+    """Holds on a busy machine: no quota, no throttling."""
+    for path in SCENARIOS:
+        scenario = load_scenario(path)
+        for spec, fig in zip(scenario.runs, lab[scenario.name], strict=True):
+            if spec.cpus is None:
+                assert fig.stat.nr_throttled == fig.stat.throttled_us == 0, scenario.name
 
 
-def test_parallel_batches_slowed_under_their_parallelism_only(lab: Lab) -> None:
-    free, half, one, two = lab["seed-000-batch-parallel"]
-    assert half.latency.p50 > one.latency.p50 > 1.4 * free.latency.p50
-    assert two.latency.p50 < 1.2 * free.latency.p50
-    assert two.stat.nr_throttled <= 1
+def bounds_missed(workload: Workload, spec: RunSpec, fig: RunFigures) -> list[str]:
+    """What the kernel guarantees of a run whatever else the machine does; the misses."""
+    stat, misses = fig.stat, []
+    tasks = workload.tasks * (1 if workload.kind is Kind.OPEN else workload.workers)
+    work_us = tasks * workload.task_cpu_us  # each task burns this much of its thread's CPU
+    parallel = min(workload.workers, CORES)
+    wall_us = fig.wall_ms * 1000
+    checks = [
+        ("nr_throttled ≤ nr_periods", stat.nr_throttled <= stat.nr_periods),
+        ("usage covers the work burnt", stat.usage_us >= 0.995 * work_us),
+        ("usage is the work and a little overhead", stat.usage_us <= 1.1 * work_us + 50_000),
+        ("no run uses more CPUs than there are", stat.usage_us <= parallel * wall_us * 1.02),
+        ("throttled time is per waiting CPU", stat.throttled_us <= parallel * wall_us * 1.02),
+    ]
+    bandwidth = spec.bandwidth()
+    if bandwidth.quota_us is None:
+        checks.append(("no limit, no throttling", stat.nr_throttled == stat.throttled_us == 0))
+    else:
+        quota, period, burst = bandwidth.quota_us, bandwidth.period_us, bandwidth.burst_us
+        slack = parallel * (SLICE_US + TICK_US)
+        # The bucket starts full (quota + burst), then gives at most a quota per period.
+        checks += [
+            ("usage within the quota of its active periods",
+             stat.usage_us <= (stat.nr_periods + 1) * quota + burst + slack),
+            ("no faster than the quota lets it run",
+             wall_us >= (stat.usage_us - quota - burst - slack) * period / quota),
+            ("active periods fit in the wall time", stat.nr_periods <= wall_us / period + 2),
+        ]  # fmt: skip
+    for name, ok in checks:
+        if not ok:
+            misses.append(f"{name} (usage {stat.usage_us} µs, work {work_us} µs, "
+                          f"wall {wall_us:.0f} µs, periods {stat.nr_periods}/"
+                          f"{stat.nr_throttled} throttled, {stat.throttled_us} µs)")  # fmt: skip
+    return misses
 
 
-def test_burst_lowers_throttling_when_the_average_fits(lab: Lab) -> None:
-    plain, burst = lab["seed-002-burst"]
-    assert plain.stat.nr_throttled > 0
-    assert burst.stat.nr_throttled < plain.stat.nr_throttled
-    assert burst.stat.nr_bursts > 0
-
-
-def test_an_open_pool_queues_behind_a_tight_limit(lab: Lab) -> None:
-    free, tight, loose = lab["seed-004-open-pool"]
-    assert tight.latency.p95 > 3 * free.latency.p95
-    assert tight.stat.throttle_ratio > 0.3
-    assert loose.stat.throttle_ratio < 0.1
+def test_the_kernel_counters_keep_their_bounds_run_by_run(lab: Lab) -> None:
+    """Holds on a busy machine: the kernel's accounting does not depend on the load."""
+    misses = []
+    for path in SCENARIOS:
+        scenario = load_scenario(path)
+        workload = scenario.workload.to_workload()
+        for spec, fig in zip(scenario.runs, lab[scenario.name], strict=True):
+            misses += [f"{scenario.name} / {spec.label()}: {m}"
+                       for m in bounds_missed(workload, spec, fig)]  # fmt: skip
+    assert not misses, "\n".join(misses)
 
 
 def test_the_model_agrees_with_the_kernel_run_by_run(lab: Lab) -> None:
-    """Each run against the model at the phase the lab measured.
+    """Each run against the model at the phase the lab measured, on a quiet machine.
 
-    A lab run is a physical measurement on a shared 2-core machine: a scenario
-    that disagrees is measured once more, and only a second disagreement fails.
+    Skipped, with the load measured, when other processes were busy while the lab
+    measured. A scenario that disagrees on a quiet machine is measured once more, and
+    only a second disagreement, also measured quietly, fails.
     """
-    assert KERNEL_LAYOUT is not None
-    cores = len(os.sched_getaffinity(0))
+    print(f"while the lab measured: {lab.noise.describe()}")
+    require_quiet(lab)
     misses: list[str] = []
     for path in SCENARIOS:
         scenario = load_scenario(path)
         workload = scenario.workload.to_workload()
+        measured = lab[scenario.name]
         for attempt in range(2):
-            measured = (
-                lab[scenario.name]
-                if attempt == 0
-                else run_scenario(scenario, KERNEL_LAYOUT, LabOptions())
-            )
+            if attempt:
+                again = measure([scenario])
+                if not again.noise.quiet:
+                    pytest.skip(f"the machine got busy while {scenario.name} was measured "
+                                f"again: {again.noise.describe()}")  # fmt: skip
+                measured = again[scenario.name]
             found = [
                 f"{scenario.name} / {spec.label()}: {'; '.join(c.misses)}"
                 for spec, fig in zip(scenario.runs, measured, strict=True)
-                if (c := compare(workload, spec, fig, cores, scenario=scenario.name)).misses
+                if (c := compare(workload, spec, fig, CORES, scenario=scenario.name)).misses
             ]
             if not found:
                 break

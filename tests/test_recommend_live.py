@@ -1,7 +1,11 @@
 """`unthrottle recommend` over live series: the agent samples a real throttled workload, a
 real Prometheus scrapes the agent, and the Deployment comes from the API (kmock). Root only.
 
-A busy thread (1 core of demand) runs under a 0.6 CPU quota in a kubelet-style cgroup.
+A busy thread (1 core of demand) runs under a 0.6 CPU quota in a kubelet-style cgroup:
+throttled in nearly every period even when the 2-core machine is busy. The Deployment
+says 800m, so the policy's step cap (×2 of today's limit: 1600m) is far above what the
+demand needs, and the limit asserted is the engine's own decision, not the cap's (at
+600m the cap, 1200m, sat right at the bound the test asserted).
 Nothing else is scraped: the counters are the agent's (no cAdvisor here), the owners
 are the API's (no kube-state-metrics).
 """
@@ -19,9 +23,10 @@ import pytest
 
 from kmock_thread import KmockThread, pod
 from prom import PrometheusServer, free_port, requires_prometheus
-from test_agent_kernel import CID, UID, UNTHROTTLE, Workload, stop, wait_for
+from test_agent_kernel import CID, UID, UNTHROTTLE, Workload, start_agent, stop, wait_for
 from test_recommend_cli import deployment, owned
 from unthrottle.cgroups import Layout
+from unthrottle.lab.noise import OtherLoad
 
 pytestmark = [pytest.mark.kernel, requires_prometheus]
 
@@ -36,8 +41,9 @@ def workload(layout: Layout) -> Iterator[Workload]:
 
 
 def cluster(km: KmockThread) -> None:
-    """Deployment web → ReplicaSet web-5d8f → pod web-5d8f-k2x9p, whose container runs CID."""
-    resources = {"limits": {"cpu": "600m"}, "requests": {"cpu": "200m"}}
+    """Deployment web (800m) → ReplicaSet web-5d8f → pod web-5d8f-k2x9p, whose container
+    runs CID."""
+    resources = {"limits": {"cpu": "800m"}, "requests": {"cpu": "200m"}}
     app = {"name": "app", "resources": resources}
     km.put("apps/v1/deployments", deployment("shop", "web", [app]))
     km.put("apps/v1/replicasets", owned("ReplicaSet", "shop", "web-5d8f", "Deployment", "web"))
@@ -55,26 +61,28 @@ def test_recommend_reads_what_the_agent_sampled_and_sizes_the_demand(
         cluster(km)
         kubeconfig = km.kubeconfig(tmp_path / "kc")
         port = free_port()
-        agent = subprocess.Popen(
-            [str(UNTHROTTLE), "agent", "--kubeconfig", str(kubeconfig), "--node-name", "node-test",
+        workload.prepare()
+        agent = start_agent(
+            ["--kubeconfig", str(kubeconfig), "--node-name", "node-test",
              "--kubepods-parent", workload.root, "--listen", f"127.0.0.1:{port}",
              "--period", "100ms", "--discover-every", "500ms"],
-            stderr=subprocess.PIPE,
+            tmp_path / "agent.log",
         )  # fmt: skip
         try:
-            wait_for(f"http://127.0.0.1:{port}/healthz")
+            wait_for(f"http://127.0.0.1:{port}/healthz", log=tmp_path / "agent.log")
             scrape = (
                 "scrape_configs:\n  - job_name: agent\n"
                 f"    static_configs: [{{targets: ['127.0.0.1:{port}']}}]\n"
             )
             with PrometheusServer(tmp_path, scrape=scrape) as prom:
-                workload.start(seconds=12)
-                workload.finish()
+                with OtherLoad() as noise:
+                    workload.start(seconds=12)
+                    workload.finish()
                 time.sleep(2.5)  # the last scrapes after the workload ended
                 out = subprocess.run(
                     [str(UNTHROTTLE), "recommend", "--prometheus", prom.url,
                      "--kubeconfig", str(kubeconfig), "--namespace", "shop",
-                     "--window", "30s", "--format", "json"],
+                     "--window", "60s", "--format", "json"],
                     capture_output=True, text=True, timeout=120, check=False,
                 )  # fmt: skip
         finally:
@@ -85,12 +93,19 @@ def test_recommend_reads_what_the_agent_sampled_and_sizes_the_demand(
     assert (workload_doc["namespace"], workload_doc["deployment"]) == ("shop", "web")
     (app,) = workload_doc["containers"]
     assert app["name"] == "app" and app["evidence"] == "period"
-    assert app["current"]["limit_millicores"] == 600
-    # a busy thread under 0.6 CPU is throttled in nearly every period
-    assert app["throttle_ratio"] is not None and app["throttle_ratio"] >= 0.8
+    assert app["current"]["limit_millicores"] == 800
     rec = app["recommendation"]
-    # Its demand is one core per window (a little less when the 2-core machine is busy).
-    # The histogram knows it to a bucket (0.75, 0.9, 1, 1.25 cores around it), so: well
-    # above today's 600m, at most the 2× step (1200m).
-    assert 800 <= rec["limit_millicores"] <= 1200, rec
+    print(rec, noise.describe())  # what the engine decided, for the log of a failure
+    # Its demand is one core per window with a core to itself; the histogram knows it to
+    # a bucket (0.9, 1, 1.25 cores around it), plus 10 % headroom. On a busy machine it is
+    # less (a thread waiting for a CPU is neither running nor throttled), never more. So,
+    # whatever the load: within a bucket and the headroom of one core, and not the step
+    # cap (1600m, which would say so in the reasons).
+    assert not any(r.startswith("step limited") for r in rec["reasons"]), rec["reasons"]
+    assert rec["limit_millicores"] <= 1450, rec
     assert rec["expected_throttle_ratio"] <= 0.05
+    assert app["throttle_ratio"] is not None and app["throttle_ratio"] > 0
+    if noise.quiet:
+        # throttled in nearly every period, so well above the 600m quota that throttles it
+        assert app["throttle_ratio"] >= 0.8
+        assert rec["limit_millicores"] > 600, rec

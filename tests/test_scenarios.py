@@ -1,4 +1,7 @@
-"""Scenario files: the seeds load, and a malformed file names its field before anything runs."""
+"""Scenario files: the seeds load, and a malformed file names its field before anything runs.
+
+Every refusal is one line: ``FILE: FIELD: reason``.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +12,13 @@ import pytest
 
 from conftest import SCENARIOS
 from unthrottle.cfs import Bandwidth, Kind
-from unthrottle.model.scenario import ScenarioError, load_scenario, parse_scenario
+from unthrottle.model.scenario import (
+    MAX_FILE_BYTES,
+    MAX_RUNS,
+    ScenarioError,
+    load_scenario,
+    parse_scenario,
+)
 
 
 def scenario(workload: dict[str, Any] | None = None, runs: list[Any] | None = None) -> Any:
@@ -82,3 +91,139 @@ def test_a_file_that_is_not_yaml_says_so(tmp_path: Path) -> None:
 def test_a_missing_file_says_so(tmp_path: Path) -> None:
     with pytest.raises(ScenarioError, match="cannot read"):
         load_scenario(tmp_path / "nope.yaml")
+
+
+def test_think_time_paces_a_batch_between_rounds() -> None:
+    loaded = parse_scenario(scenario({"kind": "batch", "task_cpu_ms": 10, "think_ms": 50}))
+    assert loaded.workload.to_workload().think_us == 50_000
+
+
+@pytest.mark.parametrize(
+    ("workload", "field"),
+    [
+        ({"kind": "serial", "task_cpu_ms": 5, "rate_per_s": 10}, "workload.rate_per_s"),
+        ({"kind": "serial", "task_cpu_ms": 5, "seed": 3}, "workload.seed"),
+        ({"kind": "batch", "task_cpu_ms": 5, "rate_per_s": 10}, "workload.rate_per_s"),
+        ({"kind": "batch", "task_cpu_ms": 5, "seed": 1}, "workload.seed"),
+        ({"kind": "open", "task_cpu_ms": 5, "rate_per_s": 10, "think_ms": 5}, "workload.think_ms"),
+    ],
+    ids=["rate-for-serial", "seed-for-serial", "rate-for-batch", "seed-for-batch",
+         "think-for-open"],
+)  # fmt: skip
+def test_a_field_that_does_nothing_for_the_kind_is_refused_not_ignored(
+    workload: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(ScenarioError) as info:
+        parse_scenario(scenario(workload), "bad.yaml")
+    message = str(info.value)
+    assert message.startswith(f"bad.yaml: {field}: has no effect on ")
+    assert message.endswith("remove it")
+
+
+@pytest.mark.parametrize(
+    ("run", "field", "says"),
+    [
+        ({"cpus": True}, "runs[0].cpus", "true is not a number"),
+        ({"cpus": "0.5"}, "runs[0].cpus", '"0.5" is not a number'),
+        ({"cpus": float("inf")}, "runs[0].cpus", ".inf is not a finite number"),
+        ({"cpus": float("nan")}, "runs[0].cpus", ".nan is not a finite number"),
+        ({"cpus": 1e308}, "runs[0].cpus", "1e+308 is out of bounds (it must be ≤ 1024)"),
+        ({"cpus": 1, "period_ms": 1e9}, "runs[0].period_ms", "out of bounds (it must be ≤ 1000)"),
+        ({"cpus": 1, "burst_ms": float("inf")}, "runs[0].burst_ms", "not a finite number"),
+    ],
+    ids=["bool", "string", "inf", "nan", "huge", "huge-period", "inf-burst"],
+)
+def test_a_number_must_be_a_finite_number_within_bounds(run: Any, field: str, says: str) -> None:
+    with pytest.raises(ScenarioError) as info:
+        parse_scenario(scenario(runs=[run]), "bad.yaml")
+    assert f"{field}: " in str(info.value) and says in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("workload", "field"),
+    [
+        ({"kind": "open", "task_cpu_ms": 5, "rate_per_s": float("inf")}, "workload.rate_per_s"),
+        ({"kind": "open", "task_cpu_ms": 5, "rate_per_s": 1e9}, "workload.rate_per_s"),
+        ({"kind": "serial", "task_cpu_ms": 1e308}, "workload.task_cpu_ms"),
+        ({"kind": "serial", "task_cpu_ms": 5, "think_ms": 1e12}, "workload.think_ms"),
+        ({"kind": "serial", "task_cpu_ms": 5, "workers": True}, "workload.workers"),
+        ({"kind": "serial", "task_cpu_ms": 5, "tasks": 2.5}, "workload.tasks"),
+        ({"kind": "serial", "task_cpu_ms": 5, "tasks": 10**30}, "workload.tasks"),
+        ({"kind": "open", "task_cpu_ms": 5, "rate_per_s": 5, "seed": -1}, "workload.seed"),
+        ({"kind": "serial", "task_cpu_ms": 5, "workers": 200, "tasks": 1000}, "workload.tasks"),
+    ],
+    ids=["inf-rate", "huge-rate", "huge-task", "huge-think", "bool-workers",
+         "fractional-tasks", "huge-tasks", "negative-seed", "too-many-latencies"],
+)  # fmt: skip
+def test_every_workload_number_has_bounds(workload: dict[str, Any], field: str) -> None:
+    with pytest.raises(ScenarioError) as info:
+        parse_scenario(scenario(workload), "bad.yaml")
+    assert f"bad.yaml: {field}: " in str(info.value)
+
+
+def test_too_many_runs_are_refused_before_any_is_validated() -> None:
+    with pytest.raises(
+        ScenarioError, match=rf"runs: 4000000 runs; a file holds at most {MAX_RUNS}"
+    ):
+        parse_scenario(scenario(runs=[{}] * 4_000_000), "bad.yaml")
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b"name: t\nworkload: {kind: serial, task_cpu_ms: \xff}\n", "not UTF-8 text (byte 0xff"),
+        (b"", "the file is empty"),
+        (b"# only a comment\n", "the file is empty"),
+        (b"- 1\n- 2\n", "holds a list, not a mapping of name, workload and runs"),
+        (b"name: [unclosed", "not valid YAML: line 1, column 16: expected ',' or ']'"),
+        (b"name: t\nworkload: {kind: serial, task_cpu_ms: 5}\nruns: [{cpus: 0.5, cpus: 4}]\n",
+         "line 3, column 20: cpus is given twice (first on line 3)"),
+        (b"name: t\nname: u\nworkload: {kind: serial, task_cpu_ms: 5}\nruns: [{}]\n",
+         "name is given twice (first on line 1)"),
+        (b"name: t\nworkload: {kind: serial, task_cpu_ms: 5}\nruns: [{cpus: 1e308}]\n",
+         "runs[0].cpus: 1e+308 is out of bounds"),
+        (b"name: t\nworkload: {kind: serial, task_cpu_ms: 5}\nruns: [{cpus: .inf}]\n",
+         "runs[0].cpus: .inf is not a finite number"),
+        (b"name: t\nworkload: {kind: serial, task_cpu_ms: 5}\nruns: [{cpus: true}]\n",
+         "runs[0].cpus: true is not a number"),
+        (b"name: t\nworkload: {kind: open, task_cpu_ms: 5, rate_per_s: .inf}\nruns: [{}]\n",
+         "workload.rate_per_s: .inf is not a finite number"),
+        (b"name: t\x00\n", "not valid YAML"),
+    ],
+    ids=["not-utf8", "empty", "only-a-comment", "not-a-mapping", "parser-reason",
+         "duplicate-key", "duplicate-top-key", "yaml12-float-too-big", "yaml-inf",
+         "yaml-true", "infinite-rate", "nul-byte"],
+)  # fmt: skip
+def test_a_bad_file_is_one_line_naming_the_file_and_what_is_wrong(
+    tmp_path: Path, content: bytes, says: str
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_bytes(content)
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(bad)
+    message = str(info.value)
+    assert message.startswith(f"{bad}: ") and "\n" not in message
+    assert says in message, message
+
+
+def test_a_merge_key_may_be_overridden_without_counting_as_a_duplicate(tmp_path: Path) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text(
+        "name: t\nworkload: {kind: serial, task_cpu_ms: 5}\n"
+        "runs:\n  - &half {cpus: 0.5}\n  - {<<: *half, cpus: 1, period_ms: 10}\n"
+    )
+    assert [r.label() for r in load_scenario(good).runs] == ["0.5 CPU", "1 CPU, 10 ms period"]
+
+
+def test_a_huge_file_is_refused_without_reading_it_all(tmp_path: Path) -> None:
+    big = tmp_path / "big.yaml"
+    with big.open("wb") as out:
+        out.write(b"name: t\nworkload: {kind: serial, task_cpu_ms: 5}\nruns:\n")
+        out.truncate(64 * 1024 * 1024)  # 64 MB (sparse)
+    with pytest.raises(ScenarioError, match=f"bigger than {MAX_FILE_BYTES // 1024} KiB"):
+        load_scenario(big)
+
+
+def test_an_endless_stream_is_refused_too() -> None:
+    with pytest.raises(ScenarioError, match="bigger than"):
+        load_scenario(Path("/dev/zero"))

@@ -75,15 +75,28 @@ class BurstWriter:
     clamped_total: int = 0
     """Distinct clamps: a cgroup whose burst had to be cut to its quota (once per value)."""
     suspended: bool = False
-    _said: set[str] = field(default_factory=set)
+    _said: set[tuple[str, str, str]] = field(default_factory=set)
+    """(what, about, detail) of every warning given once; ``about`` is a pod UID, a cgroup
+    path, or "" for the node. Facts about pods and cgroups that are gone are forgotten."""
 
-    def _once(self, key: str, message: str, *args: object) -> bool:
-        """Log a message the first time ``key`` comes up; True that first time."""
+    def _once(self, what: str, about: str, detail: str, message: str, *args: object) -> bool:
+        """Log a message the first time this fact comes up; True that first time."""
+        key = (what, about, detail)
         if key in self._said:
             return False
         self._said.add(key)
         log.warning(message, *args)
         return True
+
+    @property
+    def remembered(self) -> int:
+        """Warnings remembered so as not to repeat them (bounded by the live pods)."""
+        return len(self._said)
+
+    def _forget_gone(self, found: Iterable[Found], pods: Iterable[PodInfo]) -> None:
+        """Drop what was said about pods and cgroups that are no longer there."""
+        live = {p.uid for p in pods} | {f.path for f in found} | {""}
+        self._said = {key for key in self._said if key[1] in live}
 
     def wanted(self, found: Iterable[Found], pods: Iterable[PodInfo]) -> dict[str, int]:
         """Cgroup path → burst µs that the annotations ask for (clamped to each quota)."""
@@ -102,7 +115,7 @@ class BurstWriter:
             try:
                 specs = burst_specs(pod.annotations)
             except BurstAnnotationError as err:
-                self._once(f"bad:{pod.uid}", "pod %s/%s: %s", pod.namespace, pod.name, err)
+                self._once("bad", pod.uid, "", "pod %s/%s: %s", pod.namespace, pod.name, err)
                 continue
             spec = spec_for(specs, item.container)
             if spec is None:
@@ -113,7 +126,7 @@ class BurstWriter:
                 continue  # vanishing
             burst, clamped = spec.resolve(quota)
             # Counted (and logged) once per cgroup and clamped value, not at every rediscovery.
-            if clamped and self._once(f"clamp:{item.path}:{burst}",
+            if clamped and self._once("clamp", item.path, str(burst),
                                       "%s/%s %s: burst clamped to the quota (%d µs)",
                                       pod.namespace, pod.name, item.container, burst):  # fmt: skip
                 self.clamped_total += 1
@@ -145,6 +158,7 @@ class BurstWriter:
 
     def apply(self, found: list[Found], pods: list[PodInfo]) -> None:
         """Bring every cgroup's burst to what is wanted now (or to 0 while the node is busy)."""
+        self._forget_gone(found, pods)
         wanted = self.wanted(found, pods)
         busy = self.node.usage() > self.threshold
         if busy != self.suspended:
@@ -166,7 +180,7 @@ class BurstWriter:
                 if cgroup.read_bandwidth().burst_us != burst:
                     cgroup.write_burst(burst)
             except CgroupError as err:
-                self._once(f"write:{err.reason}", "cannot set burst: %s", err)
+                self._once("write", "", err.reason, "cannot set burst: %s", err)
                 continue
             if burst:
                 self.granted[path] = burst

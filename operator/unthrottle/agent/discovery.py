@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,8 +98,37 @@ class Found:
     identity: Identity | None = None
 
 
-def _walk(root: Path, below: str) -> list[str]:
-    """Every cgroup directory below ``root/below`` (relative to ``root``), depth first."""
+class NotFound(Exception):
+    """Where cgroups are expected there is nothing to look in; the message says where.
+
+    Raised by discovery, so that the agent reports unhealthy with the reason instead
+    of serving nothing: a typo in a root must not look like an idle node.
+    """
+
+
+def cgroup_dir(layout: Layout, rel: str, *, what: str) -> Path:
+    """The directory of a cgroup below the CPU hierarchy's mount, checked to be one.
+
+    ``what`` names it in the error (``"cgroup root"``): it must stay below the mount
+    (``../../etc`` does not), exist, and be a cgroup (have ``cgroup.procs``).
+    """
+    mount = layout.cpu_root.resolve()
+    directory = (mount / rel.strip("/")).resolve()
+    if directory != mount and mount not in directory.parents:
+        raise NotFound(f"{what} {rel!r} is outside the cgroup mount {mount}")
+    if not directory.is_dir():
+        raise NotFound(f"{what} {rel!r} does not exist ({directory})")
+    if not (directory / "cgroup.procs").exists():
+        raise NotFound(f"{what} {rel!r} is not a cgroup ({directory} has no cgroup.procs)")
+    return directory
+
+
+def _walk(root: Path, below: str, leaf: Callable[[str], bool] | None = None) -> list[str]:
+    """Every cgroup directory below ``root/below`` (relative to ``root``), depth first.
+
+    ``leaf(rel)``: True for a directory whose children are of no interest (a container's:
+    its own cgroup files are most of a node's directory entries), which is not listed.
+    """
     out = []
     stack = [below.strip("/")]
     while stack:
@@ -109,7 +139,8 @@ def _walk(root: Path, below: str) -> list[str]:
                     if entry.is_dir(follow_symlinks=False):
                         child = f"{rel}/{entry.name}" if rel else entry.name
                         out.append(child)
-                        stack.append(child)
+                        if leaf is None or not leaf(child):
+                            stack.append(child)
         except (FileNotFoundError, NotADirectoryError):
             continue  # vanished while we looked
     return sorted(out)
@@ -119,18 +150,37 @@ def discover_kubepods(layout: Layout, parent: str = "") -> list[tuple[str, Ident
     """Every pod and container cgroup of the kubelet's trees, with what it is.
 
     ``parent``: where ``kubepods[.slice]`` sits below the mount ("" on a node;
-    a nested directory in kind-like setups and tests).
+    a nested directory in kind-like setups and tests). No kubepods tree there raises
+    :class:`NotFound`.
     """
     parent = parent.strip("/")
+    if parent:
+        cgroup_dir(layout, parent, what="the kubepods parent")
     found = []
+    tops = 0
+    seen: dict[str, Identity | None] = {}
+
+    def named(rel: str) -> Identity | None:
+        if rel not in seen:
+            seen[rel] = identify(rel[len(parent) :] if parent else rel)
+        return seen[rel]
+
+    def container(rel: str) -> bool:
+        identity = named(rel)
+        return identity is not None and identity.container_id is not None
+
     for top in ("kubepods.slice", "kubepods"):
         start = f"{parent}/{top}" if parent else top
         if not (layout.cpu_root / start).is_dir():
             continue
-        for rel in [start, *_walk(layout.cpu_root, start)]:
-            identity = identify(rel[len(parent) :] if parent else rel)
+        tops += 1
+        for rel in [start, *_walk(layout.cpu_root, start, leaf=container)]:
+            identity = named(rel)
             if identity is not None:
                 found.append((rel, identity))
+    if not tops:
+        where = layout.cpu_root / parent
+        raise NotFound(f"no kubepods or kubepods.slice cgroup in {where} (is this a node?)")
     return found
 
 
@@ -153,9 +203,11 @@ def discover_standalone(
     """Standalone mode: every cgroup below ``root`` with a quota or processes is a container.
 
     Labels: ``namespace=""``, ``pod=<path below root>``, ``container=""``. Paths in
-    ``known`` are kept while they exist, without reading their files again.
+    ``known`` are kept while they exist, without reading their files again. A root that
+    is not a cgroup below the mount raises :class:`NotFound`.
     """
     root = root.strip("/")
+    cgroup_dir(layout, root, what="cgroup root")
     out = []
     for rel in _walk(layout.cpu_root, root):
         if rel in known or _has_quota_or_procs(layout.cpu_root / rel):

@@ -67,9 +67,12 @@ def pod_info(item: dict[str, Any]) -> PodInfo:
 class KubePodSource:
     """Pods on one node, from the Kubernetes API (``kubernetes.client.CoreV1Api``)."""
 
-    def __init__(self, api: Any, node_name: str) -> None:
+    def __init__(self, api: Any, node_name: str, *, timeout_s: float = 10.0) -> None:
         self.api = api
         self.node_name = node_name
+        self.timeout_s = timeout_s
+        """Connect and read timeout of each list, s: a hung API server must not hang the
+        discovery thread (and with it the burst writer) forever."""
 
     def pods(self) -> list[PodInfo]:
         """List this node's pods (from the API server's cache: resourceVersion 0)."""
@@ -77,6 +80,7 @@ class KubePodSource:
             field_selector=f"spec.nodeName={self.node_name}",
             resource_version="0",
             _preload_content=False,
+            _request_timeout=(self.timeout_s, self.timeout_s),
         )
         items = json.loads(reply.data).get("items", [])
         # Filter here too: not every server honours field selectors (the emulator does not).

@@ -9,6 +9,14 @@ The peak is the largest window of the last ``peak_window_s`` seconds (default
 60), not "since the last scrape": with more than one scraper (HA Prometheus
 pairs), a reset on scrape would hand each one half the peaks. A trailing
 maximum gives every scraper the same answer.
+
+Two threads: sampling, on an absolute schedule, and discovery (the cgroup walk,
+the pod list, the burst writer), every ``refresh_s``. Discovery never runs on
+the sampling thread: a slow API list must not stretch a window (demand is
+divided by the window's length, so a late window reads as a merged one) nor
+stall ``/healthz``. The series are swapped in under a lock held for
+microseconds. A window reads a cgroup only when the usage above it moved
+(:mod:`.gating`).
 """
 
 from __future__ import annotations
@@ -22,10 +30,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from unthrottle.agent.discovery import Found
+from unthrottle.agent.discovery import Found, NotFound
+from unthrottle.agent.gating import Step, gate_paths, plan
+from unthrottle.agent.settings import AgentSettings
 from unthrottle.cfs.settings import Bandwidth
 from unthrottle.cgroups import CgroupError, CpuStat, Layout
-from unthrottle.cgroups.counters import CounterReader, Vanished
+from unthrottle.cgroups.counters import CounterReader, UsageReader, Vanished
 
 log = logging.getLogger("unthrottle.agent")
 
@@ -50,19 +60,45 @@ class Series:
     total: int = 0
     sum_cores: float = 0.0
     recent: collections.deque[float] = field(default_factory=collections.deque)
-    last_usage_ns: int = -1
-    """``cpuacct.usage`` at the last window (cgroup v1; -1 on v2 or before the first)."""
+    last_usage: int = -1
+    """Usage at the last window that read it (v1 ns, v2 µs; -1 before the first)."""
+    accounted: int = 0
+    """Sampler windows accounted in the histogram so far. Windows of a quiet subtree are
+    not touched when they happen (that is what makes them cheap): they are zero demand,
+    added in one go by :meth:`catch_up` when the series is next read or scraped."""
+
+    def catch_up(self, windows: int, at_ns: int, keep: int) -> None:
+        """Account the windows up to ``windows`` (ended ``at_ns``) that skipped this series:
+        each a window of zero demand (nothing below a quiet gate ran)."""
+        missed = windows - self.accounted
+        if missed <= 0:
+            return
+        self.counts[0] += missed
+        self.total += missed
+        recent = self.recent
+        recent.extend([0.0] * min(missed, keep))
+        while len(recent) > keep:
+            recent.popleft()
+        self.accounted = windows
+        self.last_ns = max(self.last_ns, at_ns)
 
     def idle(self, now_ns: int, keep: int) -> None:
         """Account a window in which the cgroup did not run: zero demand, nothing read but
         its usage. Throttled time cannot grow without running first; if it ever does,
         it is counted in the next window that reads cpu.stat, not lost."""
-        if now_ns > self.last_ns:
-            self._record(0.0, keep)
+        self.accounted += 1
+        if now_ns > self.last_ns:  # _record(0.0), inlined: most windows of most cgroups
+            self.counts[0] += 1
+            self.total += 1
+            recent = self.recent
+            recent.append(0.0)
+            if len(recent) > keep:
+                recent.popleft()
             self.last_ns = now_ns
 
     def observe(self, demand_us: int, now_ns: int, keep: int) -> None:
         """Account one window ending now, given cumulative usage + throttled time."""
+        self.accounted += 1
         elapsed_us = (now_ns - self.last_ns) / 1000
         if elapsed_us <= 0:
             return
@@ -85,94 +121,194 @@ class Series:
         return max(self.recent, default=0.0)
 
 
+@dataclass
+class _Gate:
+    """A cgroup above several series, read for its usage only."""
+
+    reader: UsageReader
+    last: int = -1
+
+
+Discover = Callable[[frozenset[str]], list[Found]]
+"""Known paths in, every cgroup to sample out; raises :class:`NotFound` with the reason
+when the place to look is missing."""
+
+
 class Sampler:
     """Keeps the set of cgroups current and samples them on a fixed schedule."""
 
     def __init__(
         self,
         layout: Layout,
-        discover: Callable[[frozenset[str]], list[Found]],
-        *,
-        period_ns: int = 100_000_000,
-        peak_window_s: float = 60.0,
-        refresh_s: float = 5.0,
-        settings_s: float = 30.0,
+        discover: Discover,
+        settings: AgentSettings | None = None,
     ) -> None:
         self.layout = layout
         self.discover = discover
-        self.settings_ns = int(settings_s * 1e9)
-        self._settings_read_ns = 0
-        self.period_ns = period_ns
-        self.keep = max(1, round(peak_window_s * 1e9 / period_ns))
-        self.refresh_ns = int(refresh_s * 1e9)
+        self.settings = settings or AgentSettings()
+        self.period_ns = self.settings.period_ns
+        self.keep = self.settings.keep
         self.series: dict[str, Series] = {}
         self.lock = threading.Lock()
+        """Held while the series change and while a window or a scrape reads them."""
         self.last_sample_ns = 0
+        """When the last window was taken (monotonic ns; 0: none yet)."""
         self.windows = 0
+        self.discoveries = 0
+        """Discoveries that completed (0: none yet)."""
+        self.problem: str | None = None
+        """Why the last discovery found nowhere to look (NotFound) or failed, else None."""
+        self._gates: dict[str, _Gate] = {}
+        self._plan: list[Step[Series, _Gate]] = []
+        self._settings_read_ns = time.monotonic_ns()
         self._warned: set[str] = set()
+        self._closed = False
+
+    # --- discovery (its own thread) --------------------------------------------------------
 
     def refresh(self) -> None:
-        """Pick up new cgroups, drop vanished ones; now and then re-read quota and burst."""
-        found = {f.path: f for f in self.discover(frozenset(self.series))}
-        reread = time.monotonic_ns() - self._settings_read_ns >= self.settings_ns
+        """Pick up new cgroups, drop vanished ones; now and then re-read quota and burst.
+
+        The walk, the pod list and opening new files happen outside the lock; only the
+        swap happens under it.
+        """
         with self.lock:
-            if reread:
-                self._settings_read_ns = time.monotonic_ns()
-                for series in self.series.values():
-                    with contextlib.suppress(CgroupError):  # vanishing: the next sample drops it
-                        series.bandwidth = series.reader.bandwidth()
+            current = dict(self.series)
+        try:
+            found = {f.path: f for f in self.discover(frozenset(current))}
+            problem = None
+        except NotFound as err:
+            found, problem = {}, str(err)
+            if problem != self.problem:
+                log.error("nothing to sample: %s", problem)
+        new = {path: s for path, item in found.items()
+               if path not in current and (s := self._open(item)) is not None}  # fmt: skip
+        keep = {path for path in current if path in found} | set(new)
+        wanted_gates = gate_paths(keep) if self.settings.skip_idle_subtrees else set()
+        gates = {path: g for path, g in self._gates.items() if path in wanted_gates}
+        for path in sorted(wanted_gates - set(gates)):
+            with contextlib.suppress(Vanished, CgroupError, OSError):
+                gates[path] = _Gate(UsageReader(self.layout, path))
+        reread = time.monotonic_ns() - self._settings_read_ns >= self.settings.settings_s * 1e9
+        with self.lock:
+            if self._closed:  # shut down while this discovery ran: keep nothing open
+                for series in new.values():
+                    series.reader.close()
+                for gate in gates.values():
+                    gate.reader.close()
+                return
             for path in list(self.series):
                 if path not in found:
                     self.series.pop(path).reader.close()
-            for path, item in found.items():
-                if path in self.series:
-                    continue
-                try:
-                    reader = CounterReader(self.layout, path)
-                    start = reader.read()
-                    bandwidth = reader.bandwidth()
-                    demand = reader.demand()
-                except (Vanished, CgroupError):
-                    continue  # gone between the walk and the open: pods die all the time
-                except PermissionError as err:
-                    if path not in self._warned:
-                        self._warned.add(path)
-                        log.error("cannot read %s: %s (the agent needs root)", path, err)
-                    continue
-                self.series[path] = Series(
-                    item, reader, bandwidth, demand, time.monotonic_ns(), start
-                )
+            for series in new.values():
+                series.accounted = self.windows  # its histogram starts with the next window
+            self.series.update(new)
+            if reread:
+                self._settings_read_ns = time.monotonic_ns()
+                for series in self.series.values():
+                    with contextlib.suppress(CgroupError, Vanished):  # vanishing: dropped next
+                        series.bandwidth = series.reader.bandwidth()
+            for path, gate in self._gates.items():
+                if gates.get(path) is not gate:
+                    gate.reader.close()
+            self._gates = gates
+            self._plan = plan(self.series, gates)
+            self.discoveries += 1
+            self.problem = problem
+
+    def _open(self, item: Found) -> Series | None:
+        """A new series for a discovered cgroup; None if it cannot be read."""
+        path = item.path
+        try:
+            reader = CounterReader(self.layout, path)
+        except (Vanished, CgroupError):
+            return None  # gone between the walk and the open: pods die all the time
+        except PermissionError as err:
+            if path not in self._warned:
+                self._warned.add(path)
+                log.error("cannot read %s: %s (the agent needs root)", path, err)
+            return None
+        try:
+            start = reader.read()
+            bandwidth = reader.bandwidth()
+            demand = reader.demand()
+        except (Vanished, CgroupError, OSError):
+            reader.close()
+            return None
+        return Series(item, reader, bandwidth, demand, time.monotonic_ns(), start)
+
+    def discover_loop(self, stop: threading.Event) -> None:
+        """Discover now and every ``refresh_s`` until stopped; a failure is logged, not fatal."""
+        while True:
+            try:
+                self.refresh()
+            except Exception as err:  # a discovery bug must not end discovery for good
+                log.exception("discovery failed; trying again in %g s", self.settings.refresh_s)
+                self.problem = f"discovery failed: {type(err).__name__}: {err}"
+            if stop.wait(self.settings.refresh_s):
+                return
+
+    # --- sampling (its own thread) ---------------------------------------------------------
 
     def sample(self) -> None:
-        """Read every cgroup once and account the window that just ended."""
+        """Read every cgroup that may have run once, and account the window that just ended.
+
+        A quiet subtree is skipped whole, nothing below it touched; its series catch up
+        on those windows when next read (:meth:`Series.catch_up`).
+        """
         keep = self.keep
-        gone = []
+        skip = self.settings.skip_idle_subtrees
+        gone: list[str] = []
         with self.lock:
-            for path, series in self.series.items():
-                reader = series.reader
+            window, before_ns = self.windows + 1, self.last_sample_ns
+            steps = self._plan
+            index, count = 0, len(steps)
+            while index < count:
+                step = steps[index]
                 try:
-                    if reader.usage_apart:  # v1: cpu.stat only when the cgroup ran
-                        usage = reader.usage_ns()
-                        if usage == series.last_usage_ns:
-                            series.idle(time.monotonic_ns(), keep)
-                            continue
-                        series.last_usage_ns = usage
-                        demand = reader.demand_with(usage)
+                    if step.series is not None:
+                        if step.series.accounted < window - 1:  # it sat in a quiet subtree
+                            step.series.catch_up(window - 1, before_ns, keep)
+                        ran = self._sample_one(step.series, keep)
+                    elif step.gate is not None:
+                        usage = step.gate.reader.read()
+                        ran, step.gate.last = usage != step.gate.last, usage
                     else:
-                        demand = reader.demand()
+                        ran = True
                 except Vanished:
-                    gone.append(path)
-                    continue
-                series.observe(demand, time.monotonic_ns(), keep)
-            for path in gone:
-                self.series.pop(path).reader.close()
+                    if step.series is not None:
+                        gone.append(step.path)
+                    ran = True  # look below it; what is gone there is dropped too
+                index = index + 1 if ran or not skip else step.end
+            if gone:
+                for path in gone:
+                    self.series.pop(path).reader.close()
+                self._plan = plan(self.series, self._gates)
             self.last_sample_ns = time.monotonic_ns()
-            self.windows += 1
+            self.windows = window
+
+    @staticmethod
+    def _sample_one(series: Series, keep: int) -> bool:
+        """Account one series' window; False when its usage did not move."""
+        reader = series.reader
+        if reader.usage_apart:  # v1: cpu.stat only when the cgroup ran
+            usage = reader.usage_ns()
+            if usage == series.last_usage:
+                series.idle(time.monotonic_ns(), keep)
+                return False
+            series.last_usage = usage
+            series.observe(reader.demand_with(usage), time.monotonic_ns(), keep)
+            return True
+        usage, demand = reader.usage_and_demand()  # v2: one file has both
+        series.observe(demand, time.monotonic_ns(), keep)
+        ran, series.last_usage = usage != series.last_usage, usage
+        return ran
 
     def snapshot(self) -> list[Series]:
         """Every series with its full counters read now (for a scrape); call with the lock."""
         out, gone = [], []
         for path, series in self.series.items():
+            series.catch_up(self.windows, self.last_sample_ns, self.keep)
             try:
                 series.latest = series.reader.read()
             except Vanished:
@@ -181,26 +317,56 @@ class Sampler:
             out.append(series)
         for path in gone:
             self.series.pop(path).reader.close()
+        if gone:
+            self._plan = plan(self.series, self._gates)
         return out
 
     def run(self, stop: threading.Event) -> None:
-        """Sample every period (on an absolute schedule) and refresh now and then, until stopped."""
-        self.refresh()
+        """Sample every period (on an absolute schedule) until stopped."""
         next_ns = time.monotonic_ns() + self.period_ns
-        next_refresh = time.monotonic_ns() + self.refresh_ns
         while not stop.wait(max(0.0, (next_ns - time.monotonic_ns()) / 1e9)):
             self.sample()
             next_ns += self.period_ns
             now = time.monotonic_ns()
             if next_ns < now:  # fell behind (a stalled host): skip, do not burst to catch up
                 next_ns = now + self.period_ns
-            if now >= next_refresh:
-                self.refresh()
-                next_refresh = now + self.refresh_ns
+
+    def start(self, stop: threading.Event) -> list[threading.Thread]:
+        """Start the discovery and the sampling threads (daemons); they end when stopped."""
+        threads = [
+            threading.Thread(target=self.discover_loop, args=(stop,), name="discovery",
+                             daemon=True),
+            threading.Thread(target=self.run, args=(stop,), name="sampler", daemon=True),
+        ]  # fmt: skip
+        for thread in threads:
+            thread.start()
+        return threads
+
+    # --- health ----------------------------------------------------------------------------
+
+    def health(self) -> tuple[bool, str]:
+        """Healthy, and why not: sampling stalled, nowhere to look, or nothing found there."""
+        age_ns = time.monotonic_ns() - self.last_sample_ns
+        if not self.last_sample_ns or age_ns > self.settings.stall_periods * self.period_ns:
+            return False, "stalled: no sampling window in the last " + (
+                f"{age_ns / 1e9:.1f} s" if self.last_sample_ns else "periods (not started)"
+            )
+        if self.problem is not None:
+            return False, self.problem
+        if not self.discoveries:
+            return False, "starting: the first discovery has not finished"
+        if not self.series:
+            return False, "no cgroups found to sample"
+        return True, "ok"
 
     def close(self) -> None:
-        """Close every open file."""
+        """Close every open file; a discovery still running keeps nothing it opens."""
         with self.lock:
+            self._closed = True
             for series in self.series.values():
                 series.reader.close()
+            for gate in self._gates.values():
+                gate.reader.close()
             self.series.clear()
+            self._gates.clear()
+            self._plan = []

@@ -1,9 +1,8 @@
-"""The agent's HTTP endpoints: /metrics and /healthz."""
+"""The agent's HTTP endpoints: /metrics and /healthz (200 ``ok``, or 503 and the reason)."""
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -30,10 +29,10 @@ def make_server(
                     body += extra().encode()
                 self._reply(200, CONTENT_TYPE, body)
             elif self.path == "/healthz":
-                # Healthy while the sampling loop has run within the last five periods.
-                age = time.monotonic_ns() - sampler.last_sample_ns
-                ok = sampler.last_sample_ns and age < 5 * sampler.period_ns
-                self._reply(200 if ok else 503, "text/plain", b"ok\n" if ok else b"stalled\n")
+                # Healthy while windows are taken and there are cgroups to take them of;
+                # else 503 with the reason (Sampler.health).
+                ok, reason = sampler.health()
+                self._reply(200 if ok else 503, "text/plain", f"{reason}\n".encode())
             else:
                 self._reply(404, "text/plain", b"not found\n")
 
@@ -51,15 +50,17 @@ def make_server(
 
 
 def serve(sampler: Sampler, server: ThreadingHTTPServer, stop: threading.Event) -> None:
-    """Sample and serve until ``stop`` is set; then stop both and close every file."""
-    sampling = threading.Thread(target=sampler.run, args=(stop,), name="sampler", daemon=True)
+    """Discover, sample and serve, each on its own thread, until ``stop`` is set; then stop
+    them and close every file (a discovery stuck in an API call is not waited for)."""
     serving = threading.Thread(target=server.serve_forever, name="http", daemon=True)
-    sampling.start()
+    threads = sampler.start(stop)
     serving.start()
     try:
         stop.wait()
     finally:
         server.shutdown()
         server.server_close()
-        sampling.join()
+        for thread in threads:
+            if thread.name == "sampler":
+                thread.join()
         sampler.close()

@@ -213,7 +213,7 @@ class _Dispatcher:
                 stats.latencies_us.append(t - self.round_start)
                 self.round += 1
                 if self.round < self.w.tasks:
-                    self._start_round(t)
+                    self._start_round(t + self.w.think_us)
         else:
             stats.latencies_us.append(t - worker.started)
             if self.queue:

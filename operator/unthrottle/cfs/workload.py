@@ -6,7 +6,7 @@ The kinds (see ``scenarios/README.md``):
   between them; a task's latency runs from its (planned) start to its end;
 - ``batch``: each round starts one task on every worker at once; the round's
   latency runs from its common start to its last task's end; the next round
-  starts when the previous one ends;
+  starts ``think_us`` after the previous one ends (0: at once);
 - ``open``: ``tasks`` requests arrive at Poisson times and queue, first come
   first served, for a pool of ``workers``; latency runs from arrival to end.
 """
@@ -35,6 +35,7 @@ class Workload:
     workers: int = 1
     tasks: int = 100
     think_us: int = 0
+    """Idle time between a worker's tasks (serial) or between rounds (batch); unused by open."""
     rate_per_s: float = 10.0
     seed: int = 1
 

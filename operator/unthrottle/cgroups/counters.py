@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from unthrottle.cfs.settings import Bandwidth
+from unthrottle.cgroups.errors import CgroupError
 from unthrottle.cgroups.files import Cgroup, CpuStat
 from unthrottle.cgroups.layout import Layout, Version
 
@@ -50,16 +51,25 @@ class CounterReader:
         try:
             if not self.v2:
                 self._usage = _open(self.cgroup.acct_dir / "cpuacct.usage")
-            # cpu.stat's lines keep their order for a cgroup's life: learn where each
-            # field sits once, then read by position (older kernels lack the burst lines).
-            keys = self._pread(self._stat).split()[0::2]
-            wanted = _V2_KEYS if self.v2 else _V1_KEYS
-            self._at = [keys.index(k) * 2 + 1 if k in keys else -1 for k in wanted]
+            self._learn()
         except BaseException:
             os.close(self._stat)
             if self._usage >= 0:
                 os.close(self._usage)
             raise
+
+    def _learn(self) -> None:
+        """Where each field sits in cpu.stat. Its lines keep their order for a cgroup's
+        life, so each is then read by position (older kernels lack the burst lines)."""
+        keys = self._pread(self._stat).split()[0::2]
+        wanted = _V2_KEYS if self.v2 else _V1_KEYS
+        self._at = [keys.index(k) * 2 + 1 if k in keys else -1 for k in wanted]
+        if self.v2 and self._at[0] < 0:
+            raise CgroupError(self.cgroup.cpu_dir / "cpu.stat", "has no usage_usec line")
+        self.throttling = self._at[3] >= 0
+        """cpu.stat counts throttled time. On cgroup v2, a cgroup whose parent does not
+        enable the ``cpu`` controller has only the usage lines, and no quota either: its
+        demand is its usage (and not whatever field happens to stand last)."""
 
     def _pread(self, fd: int) -> bytes:
         try:
@@ -93,8 +103,17 @@ class CounterReader:
         """``cpuacct.usage`` alone (cgroup v1): one read, to tell an idle cgroup cheaply."""
         return int(self._pread(self._usage))
 
+    def usage_and_demand(self) -> tuple[int, int]:
+        """Usage and usage + throttled time so far, µs, from one read (cgroup v2)."""
+        parts = self._pread(self._stat).split()
+        usage = int(parts[self._at[0]])
+        throttled = int(parts[self._at[3]]) if self.throttling else 0
+        return usage, usage + throttled
+
     def demand_with(self, usage_ns: int) -> int:
         """Usage + throttled time so far, µs, given a ``cpuacct.usage`` just read (cgroup v1)."""
+        if not self.throttling:
+            return usage_ns // 1000
         return (usage_ns + int(self._pread(self._stat).split()[self._at[3]])) // 1000
 
     def demand(self) -> int:
@@ -102,10 +121,21 @@ class CounterReader:
         if self.usage_apart:
             return self.demand_with(self.usage_ns())
         parts = self._pread(self._stat).split()
+        if not self.throttling:
+            return int(parts[self._at[0]])
         return int(parts[self._at[0]]) + int(parts[self._at[3]])
 
     def bandwidth(self) -> Bandwidth:
-        """Quota, period and burst in force (read rarely: at discovery)."""
+        """Quota, period and burst in force (read rarely: at discovery, then every 30 s).
+
+        Without the cpu controller (cgroup v2, no throttled time counted) there is no
+        ``cpu.max`` and no quota. Its lines are looked for again each time: the
+        controller may have been enabled since.
+        """
+        if not self.throttling:
+            self._learn()
+            if not self.throttling:
+                return Bandwidth(None)
         return self.cgroup.read_bandwidth()
 
     def close(self) -> None:
@@ -114,3 +144,52 @@ class CounterReader:
             if fd >= 0:
                 os.close(fd)
         self._stat = self._usage = -1
+
+
+class UsageReader:
+    """One cgroup's cumulative CPU usage alone, through a file kept open: a number that
+    changes exactly when the cgroup or any cgroup below it ran (usage is hierarchical).
+
+    cgroup v1: ``cpuacct.usage`` (ns); v2: ``usage_usec`` of ``cpu.stat`` (µs). Compare
+    readings of one reader with each other only.
+    """
+
+    def __init__(self, layout: Layout, path: str) -> None:
+        cgroup = Cgroup(layout, path)
+        self.path = cgroup.path
+        self.v2 = layout.version is Version.V2
+        self._fd = _open(
+            cgroup.cpu_dir / "cpu.stat" if self.v2 else cgroup.acct_dir / "cpuacct.usage"
+        )
+        self._at = 1
+        if self.v2:
+            try:
+                keys = self._pread().split()[0::2]
+                if b"usage_usec" not in keys:
+                    raise CgroupError(cgroup.cpu_dir / "cpu.stat", "has no usage_usec line")
+                self._at = keys.index(b"usage_usec") * 2 + 1
+            except BaseException:
+                os.close(self._fd)
+                raise
+
+    def _pread(self) -> bytes:
+        try:
+            data = os.pread(self._fd, 4096, 0)
+        except OSError as err:
+            if err.errno in _GONE:
+                raise Vanished(self.path) from None
+            raise
+        if not data:
+            raise Vanished(self.path)
+        return data
+
+    def read(self) -> int:
+        """The usage now (one ``pread``)."""
+        data = self._pread()
+        return int(data.split()[self._at]) if self.v2 else int(data)
+
+    def close(self) -> None:
+        """Close the file; safe to call twice."""
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._fd = -1

@@ -1,12 +1,26 @@
 """Lab scenario files: one workload and the CPU settings to run it under.
 
-The format is defined in ``scenarios/README.md``. A file is validated whole
-before anything runs; an error names the file and the field
-(``runs[2].burst_ms: 60 ms is above the quota of 50 ms``).
+The format, and every cap and bound below, is defined in ``scenarios/README.md``.
+A file is validated whole before anything runs; an error is one line that names
+the file and the field (``runs[2].burst_ms: 60 ms is above the quota of 50 ms``).
+
+What a file may not do, because each once did harm:
+
+- be bigger than :data:`MAX_FILE_BYTES` or hold more than :data:`MAX_RUNS` runs
+  (it would hang the lab with no progress);
+- give a key twice (YAML keeps the last one silently: ``{cpus: 0.5, cpus: 4}``
+  would run at 4 CPUs);
+- give a boolean, a string or an infinite number where a number goes
+  (``cpus: true`` would be 1 CPU), or a number outside its bounds;
+- give a field that does nothing for its workload's kind (``seed`` for a
+  ``serial`` workload): it would be silently ignored.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -16,12 +30,33 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from unthrottle.cfs.settings import MAX_PERIOD_US, MIN_PERIOD_US, MIN_QUOTA_US, Bandwidth
 from unthrottle.cfs.workload import Kind, Workload
 
+MAX_FILE_BYTES = 64 * 1024
+"""A scenario is a few hundred bytes; 64 KiB leaves room for comments, not for a runaway."""
+MAX_RUNS = 200
+"""Runs per file: each is seconds of lab time; 200 is an afternoon, not a hang."""
+MAX_LATENCIES = 100_000
+"""Tasks a run may time (serial: tasks × workers): the simulator's and the lab's memory."""
+MAX_CPUS = 1024.0
+"""The largest limit a run may ask for: more CPUs than any machine the lab runs on."""
+MAX_TASK_CPU_MS = 10_000.0
+"""10 s of CPU per task: beyond that a run takes hours."""
+MAX_THINK_MS = 60_000.0
+"""A minute of idle time between tasks or rounds."""
+MAX_RATE_PER_S = 10_000.0
+"""The lab's dispatcher keeps up with about this many arrivals per second."""
+MAX_SEED = 2**32 - 1
+
 
 class ScenarioError(ValueError):
     """A scenario file that cannot be run; the message names the file and the field."""
 
 
-PositiveMs = Annotated[float, Field(gt=0)]
+# A number in a scenario is a real, finite number: not a boolean, not a string.
+Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+Count = Annotated[int, Field(strict=True)]
+
+_ONLY_FOR = {"think_ms": {"serial", "batch"}, "rate_per_s": {"open"}, "seed": {"open"}}
+"""Fields that only some kinds use; given for another kind, they are refused, not ignored."""
 
 
 class WorkloadSpec(BaseModel):
@@ -30,21 +65,42 @@ class WorkloadSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: Literal["serial", "batch", "open"] = Field(description="How tasks reach the workers.")
-    task_cpu_ms: PositiveMs = Field(description="CPU time each task burns, ms.")
-    workers: int = Field(1, ge=1, le=256, description="Processes (serial, batch) or pool size.")
-    tasks: int = Field(
-        100, ge=1, le=100_000, description="Tasks per worker (serial), rounds, or requests."
+    task_cpu_ms: Number = Field(
+        gt=0, le=MAX_TASK_CPU_MS, description="CPU time each task burns, ms."
     )
-    think_ms: float = Field(0, ge=0, description="serial: idle time between a worker's tasks, ms.")
-    rate_per_s: float | None = Field(
-        None, gt=0, description="open: Poisson arrival rate, requests per second."
+    workers: Count = Field(1, ge=1, le=256, description="Processes (serial, batch) or pool size.")
+    tasks: Count = Field(
+        100, ge=1, le=MAX_LATENCIES, description="Tasks per worker (serial), rounds, or requests."
     )
-    seed: int = Field(1, description="open: seed of the arrival sequence.")
+    think_ms: Number = Field(
+        0,
+        ge=0,
+        le=MAX_THINK_MS,
+        description="serial: idle time between a worker's tasks; batch: between rounds, ms "
+        "(0: back to back).",
+    )
+    rate_per_s: Number | None = Field(
+        None, gt=0, le=MAX_RATE_PER_S, description="open: Poisson arrival rate, per second."
+    )
+    seed: Count = Field(1, ge=0, le=MAX_SEED, description="open: seed of the arrival sequence.")
 
     @model_validator(mode="after")
-    def _open_needs_rate(self) -> WorkloadSpec:
+    def _fits_the_kind(self) -> WorkloadSpec:
+        for name, kinds in _ONLY_FOR.items():
+            if name in self.model_fields_set and self.kind not in kinds:
+                users = " and ".join(sorted(kinds)) + (" use" if len(kinds) > 1 else " uses")
+                article = "an" if self.kind == "open" else "a"
+                raise ValueError(
+                    f"{name}: has no effect on {article} {self.kind} workload "
+                    f"(only {users} it); remove it"
+                )
         if self.kind == "open" and self.rate_per_s is None:
             raise ValueError("rate_per_s: an open workload needs an arrival rate")
+        if self.kind == "serial" and self.tasks * self.workers > MAX_LATENCIES:
+            raise ValueError(
+                f"tasks: {self.tasks} tasks × {self.workers} workers is more than "
+                f"{MAX_LATENCIES:,} tasks per run"
+            )
         return self
 
     def to_workload(self) -> Workload:
@@ -65,11 +121,13 @@ class RunSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    cpus: float | None = Field(None, gt=0, description="Limit in CPUs; quota = cpus × period.")
-    period_ms: float = Field(
+    cpus: Number | None = Field(
+        None, gt=0, le=MAX_CPUS, description="Limit in CPUs; quota = cpus × period."
+    )
+    period_ms: Number = Field(
         100, ge=MIN_PERIOD_US / 1000, le=MAX_PERIOD_US / 1000, description="CFS period, ms."
     )
-    burst_ms: float = Field(0, ge=0, description="CFS burst, ms; at most the quota.")
+    burst_ms: Number = Field(0, ge=0, description="CFS burst, ms; at most the quota.")
 
     @model_validator(mode="after")
     def _kernel_accepts(self) -> RunSpec:
@@ -117,9 +175,32 @@ class Scenario(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field(min_length=1, description="Short name, used in tables.")
+    name: str = Field(
+        strict=True,
+        min_length=1,
+        max_length=100,
+        pattern=r"^[^\x00-\x1f\x7f]+$",
+        description="Short name, used in tables (one line).",
+    )
     workload: WorkloadSpec
-    runs: list[RunSpec] = Field(min_length=1, description="One entry per run.")
+    runs: list[RunSpec] = Field(min_length=1, max_length=MAX_RUNS, description="One entry per run.")
+
+
+_OWN_FIELDS = set(WorkloadSpec.model_fields) | set(RunSpec.model_fields)
+"""Our validators' messages start with the field's name (``cpus: …``)."""
+_PLAIN = {
+    "float_type": "is not a number",
+    "int_type": "is not a whole number",
+    "int_from_float": "is not a whole number",
+    "string_type": "is not text",
+    "finite_number": "is not a finite number",
+    "dict_type": "is not a mapping",
+    "model_type": "is not a mapping",
+    "list_type": "is not a list",
+}
+"""Pydantic's type errors, in words that say what the file gave."""
+_BOUNDS = {"greater_than": ("gt", ">"), "greater_than_equal": ("ge", "≥"),
+           "less_than": ("lt", "<"), "less_than_equal": ("le", "≤")}  # fmt: skip
 
 
 def _field_path(loc: tuple[int | str, ...]) -> str:
@@ -132,32 +213,113 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
     return path
 
 
+def _shown(value: Any) -> str:
+    """A value as the file wrote it (YAML's true, null, .inf), cut short."""
+    if isinstance(value, float) and math.isnan(value):
+        text = ".nan"
+    elif isinstance(value, float) and value in (float("inf"), float("-inf")):
+        text = "-.inf" if value < 0 else ".inf"
+    elif isinstance(value, bool | int | float | str) or value is None:
+        text = json.dumps(value, ensure_ascii=False)
+    else:
+        text = f"a {type(value).__name__}"
+    return text if len(text) <= 40 else text[:37] + "…"
+
+
+def _problem(problem: Any) -> str:
+    path = _field_path(problem["loc"])
+    message = problem["msg"].removeprefix("Value error, ")
+    head = message.split(":", 1)[0].strip()
+    if head in _OWN_FIELDS:
+        where = path.rsplit(".", 1)[0] if path else ""
+        return f"{where + '.' if where else ''}{message}"
+    if problem["type"] in _PLAIN:
+        message = f"{_shown(problem['input'])} {_PLAIN[problem['type']]}"
+    elif problem["type"] in _BOUNDS:
+        key, sign = _BOUNDS[problem["type"]]
+        bound = problem["ctx"][key]
+        message = f"{_shown(problem['input'])} is out of bounds (it must be {sign} {bound:g})"
+    elif problem["type"] == "string_pattern_mismatch":
+        message = "must be one line of text (no control characters)"
+    elif problem["type"] == "too_long" and path == "runs":
+        message = f"{len(problem['input'])} runs; a file holds at most {MAX_RUNS}"
+    return f"{path}: {message}" if path else message
+
+
 def parse_scenario(data: Any, source: str = "<scenario>") -> Scenario:
     """Validate a scenario given as plain data; errors name the field."""
+    if data is None:
+        raise ScenarioError(f"{source}: the file is empty (it needs name, workload and runs)")
+    if not isinstance(data, dict):
+        raise ScenarioError(
+            f"{source}: the file holds {_shown(data)}, not a mapping of name, workload and runs"
+        )
     try:
         return Scenario.model_validate(data)
     except ValidationError as err:
-        lines = []
-        for problem in err.errors():
-            path = _field_path(problem["loc"])
-            message = problem["msg"].removeprefix("Value error, ")
-            if message.split(":", 1)[0].strip() in {"rate_per_s", "cpus", "burst_ms"}:
-                # Our own messages already start with the field's name.
-                where = path.rsplit(".", 1)[0] if "." in path or path else ""
-                lines.append(f"{where + '.' if where else ''}{message}")
-            elif path:
-                lines.append(f"{path}: {message}")
-            else:
-                lines.append(message)
+        lines = [_problem(problem) for problem in err.errors()]
         raise ScenarioError(f"{source}: " + "; ".join(lines)) from None
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping; ``1e3`` is a number
+    (as in YAML 1.2 and JSON; YAML 1.1 reads it as text)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Mark] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *base` merges on purpose; its keys may be overridden
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                first = seen[key].line + 1
+                raise yaml.constructor.ConstructorError(
+                    None, None,
+                    f"{key!s} is given twice (first on line {first}); give each field once",
+                    key_node.start_mark,
+                )  # fmt: skip
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
+def _yaml_reason(err: yaml.YAMLError) -> str:
+    """The parser's own reason and where, on one line."""
+    if isinstance(err, yaml.MarkedYAMLError) and err.problem_mark is not None:
+        mark = err.problem_mark
+        reason = f"line {mark.line + 1}, column {mark.column + 1}: {err.problem}"
+        if err.context:
+            reason += f" ({err.context})"
+    else:
+        reason = str(err)
+    return " ".join(reason.split())
+
+
 def load_scenario(path: Path) -> Scenario:
-    """Read and validate one scenario file."""
+    """Read and validate one scenario file (UTF-8 YAML, at most :data:`MAX_FILE_BYTES`)."""
     try:
-        data = yaml.safe_load(path.read_text())
+        with path.open("rb") as file:
+            raw = file.read(MAX_FILE_BYTES + 1)
     except OSError as err:
         raise ScenarioError(f"{path}: cannot read: {err.strerror}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise ScenarioError(
+            f"{path}: bigger than {MAX_FILE_BYTES // 1024} KiB; a scenario file is a few lines"
+        )
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ScenarioError(
+            f"{path}: not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start})"
+        ) from None
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader
     except yaml.YAMLError as err:
-        raise ScenarioError(f"{path}: not valid YAML: {err}") from None
+        raise ScenarioError(f"{path}: not valid YAML: {_yaml_reason(err)}") from None
     return parse_scenario(data, str(path))

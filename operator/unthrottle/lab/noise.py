@@ -1,0 +1,77 @@
+"""How busy the rest of the machine was while the lab measured: its noise, in cores.
+
+A lab run is a physical measurement. Any other process on a 2-core machine
+takes a core from a 2-worker scenario now and then, and latencies stretch
+(an unlimited open pool measured p95 43 ms instead of 13 ms beside a test
+suite). Counters keep their guarantees whatever the load; latencies do not.
+So what needs a quiet machine measures how quiet it was: the CPU time the
+whole machine spent (``/proc/stat``, steal included), less what this process
+and its children (the lab's workers, reaped) used, over the span's wall time.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import time
+from pathlib import Path
+from types import TracebackType
+
+QUIET_CORES = 0.05
+"""Other load, in cores on average, under which the machine counts as quiet: an
+idle Debian host measures 0.00–0.02 here."""
+
+
+def _machine_busy_s(stat: Path) -> float:
+    """CPU seconds the machine spent on anything but idle and iowait, steal included."""
+    fields = [int(x) for x in stat.read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    # guest and guest_nice (fields 8, 9) are already counted in user and nice.
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_s() -> float:
+    """CPU seconds of this process and of every child it has reaped."""
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        usage = resource.getrusage(who)
+        total += usage.ru_utime + usage.ru_stime
+    return total
+
+
+class OtherLoad:
+    """A context manager: afterwards ``cores`` is the other processes' average load.
+
+    Children must be reaped (waited for) before the block ends, or their CPU time
+    counts as other load: the lab's workers are.
+    """
+
+    def __init__(self, stat: Path = Path("/proc/stat")) -> None:
+        self.stat = stat
+        self.cores = 0.0
+        self.seconds = 0.0
+        self._start = (0.0, 0.0, 0.0)
+
+    def __enter__(self) -> OtherLoad:
+        self._start = (time.monotonic(), _machine_busy_s(self.stat), _own_cpu_s())
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        err: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        wall0, busy0, own0 = self._start
+        self.seconds = time.monotonic() - wall0
+        others = (_machine_busy_s(self.stat) - busy0) - (_own_cpu_s() - own0)
+        self.cores = max(0.0, others / self.seconds) if self.seconds > 0 else 0.0
+
+    @property
+    def quiet(self) -> bool:
+        """True when the rest of the machine used less than :data:`QUIET_CORES`."""
+        return self.cores < QUIET_CORES
+
+    def describe(self) -> str:
+        """``other processes used 0.31 cores on average over 62 s``."""
+        return f"other processes used {self.cores:.2f} cores on average over {self.seconds:.0f} s"
