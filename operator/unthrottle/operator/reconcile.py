@@ -22,6 +22,7 @@ from unthrottle.kube.objects import ObjectStore
 from unthrottle.kube.workloads import WorkloadStore
 from unthrottle.metrics.source import MetricsError, MetricsSource
 from unthrottle.model.policy import SpecError, ThrottlePolicySpec, parse_spec
+from unthrottle.model.status import ThrottlePolicyStatus
 from unthrottle.operator.apply import Applier
 from unthrottle.operator.evidence import EvidenceReader, FullWindowReader, PolicyMemory
 from unthrottle.operator.settings import OperatorSettings
@@ -141,7 +142,7 @@ class Reconciler:
                                 overrides=overrides)  # fmt: skip
         self._timed("report", body, lambda: self._write_report(body, spec, result, view, memory))
         status = self._status(body, spec, now, view, conflicts, result)
-        self.objects.patch_status(namespace, name, status)
+        self.objects.patch_status(namespace, name, conformed(status))
         self._events(body, memory, result, view, conflicts)
         memory.failures, memory.last_fault = 0, None
         self.telemetry.states(uid_of(body), view.states)
@@ -346,7 +347,14 @@ class Reconciler:
         }  # fmt: skip
         if reason == "InvalidSpec":
             status["observedGeneration"] = generation
-        self.objects.patch_status(meta["namespace"], meta["name"], status)
+        self.objects.patch_status(meta["namespace"], meta["name"], conformed(status))
+
+
+def conformed(status: dict[str, Any]) -> dict[str, Any]:
+    """The status as the CRD's schema declares it (the model it is generated from): a
+    field it would prune or a null it would refuse is a bug here, not a failed write."""
+    model = ThrottlePolicyStatus.model_validate(status)
+    return model.model_dump(by_alias=True, mode="json", exclude_unset=True)
 
 
 def uid_of(body: dict[str, Any]) -> str:

@@ -61,9 +61,9 @@ def container_status(c: ContainerResult) -> dict[str, Any]:
         "expectedThrottleRatio": None
         if rec is None or rec.expected_throttle_ratio is None
         else round(rec.expected_throttle_ratio, 4),
-        "confidence": None if rec is None else round(rec.confidence, 3),
+        "confidence": 0.0 if rec is None else round(rec.confidence, 3),
         "evidence": c.evidence,
-        "reason": (rec.reasons[-1] if rec and rec.reasons else None)
+        "reason": (rec.reasons[-1] if rec and rec.reasons else "")
         if c.managed
         else "not managed: the policy's containers leave it out",
     }
@@ -120,7 +120,7 @@ def workloads_status(
         entries.append({
             "deployment": w.deployment,
             "state": state.value,
-            "message": message,
+            "message": message or "",
             "containers": [container_status(c) for c in w.containers],
         })  # fmt: skip
     summary = {
