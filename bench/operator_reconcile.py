@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 from cluster_query import BOUNDS, cdf, shape  # noqa: E402
 from kube_emulator import KubeEmulator  # noqa: E402
-from prom import PrometheusServer  # noqa: E402
+from unthrottle.devtools.prometheus import PrometheusServer  # noqa: E402
 from unthrottle.agent.sampling import BUCKETS_CORES  # noqa: E402
 from unthrottle.metrics.source import PrometheusConfig, PrometheusSource, RangeSeries, Sample  # noqa: E402
 
