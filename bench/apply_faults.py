@@ -31,9 +31,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests")]
 from kube_emulator import KubeEmulator  # noqa: E402
-from unthrottle.devtools.prometheus import PrometheusServer  # noqa: E402
 from shop import Workload, objects, openmetrics  # noqa: E402
 from unthrottle.cfs.settings import parse_cpu  # noqa: E402
+from unthrottle.devtools.prometheus import PrometheusServer  # noqa: E402
 from unthrottle.kube.patching import RECORD_ANNOTATION, Record  # noqa: E402
 
 NOW = int(time.time()) // 60 * 60

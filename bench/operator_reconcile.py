@@ -37,8 +37,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 from cluster_query import BOUNDS, cdf, shape  # noqa: E402
 from kube_emulator import KubeEmulator  # noqa: E402
-from unthrottle.devtools.prometheus import PrometheusServer  # noqa: E402
 from unthrottle.agent.sampling import BUCKETS_CORES  # noqa: E402
+from unthrottle.devtools.prometheus import PrometheusServer  # noqa: E402
 from unthrottle.metrics.source import PrometheusConfig, PrometheusSource, RangeSeries, Sample  # noqa: E402
 
 NS, HOUR, STEP, WINDOW = "bench", 3600, 60, 86_400
@@ -223,14 +223,13 @@ class EmulatorProcess:
 def rss_mb() -> float:
     """Resident memory after a full collection, with freed memory handed back to the
     system (glibc's malloc_trim): what is still held, not what the allocator kept."""
+    import contextlib
     import ctypes
     import gc
 
     gc.collect()
-    try:
+    with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except OSError:
-        pass
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
@@ -260,8 +259,11 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=Path("/tmp/unthrottle-bench"))
     parser.add_argument("--save", type=Path)
     parser.add_argument("--profile", action="store_true", help="profile the 5th reconcile")
-    parser.add_argument("--trace", action="store_true",
-                        help="tracemalloc: what is held after the 10th reconcile, not the 2nd")
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="tracemalloc: what is held after the 10th reconcile, not the 2nd",
+    )
     parser.add_argument("--serve-emulator", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_emulator:

@@ -27,6 +27,12 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with PrometheusServer(tmp_path_factory.mktemp("prom"), openmetrics=cli_history()) as prom:
+        yield prom.url
+
+
+def cli_history() -> str:
+    """The hour these tests read (test_victoria_cli.py serves it from VictoriaMetrics)."""
     extra = "\n".join(  # a namespace with cAdvisor only: no agent there
         f'container_cpu_cfs_periods_total{{namespace="other",pod="w-1-a",container="w"}} '
         f"{i * 150} {int(time.time()) - 3600 + i * 15}"
@@ -54,9 +60,7 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         for i in range(240)
         for deploy, tier in (("api", "front"), ("batch", "back"), ("idle", "front"))
     )
-    text = history(int(time.time())) + "\n".join((extra, owners, silent, labels)) + "\n"
-    with PrometheusServer(tmp_path_factory.mktemp("prom"), openmetrics=text) as prom:
-        yield prom.url
+    return history(int(time.time())) + "\n".join((extra, owners, silent, labels)) + "\n"
 
 
 @requires_prometheus
@@ -131,8 +135,12 @@ def test_a_namespace_without_deployments_is_an_error(prometheus: str) -> None:
     [
         (["--window", "seven days", "--no-cluster"], 2, "--window"),
         (["--format", "xml", "--no-cluster"], 2, "--format"),
-        (["--target", "2", "--no-cluster"], 2, "targetThrottleRatio"),
-        (["--kubeconfig", "/nonexistent/kubeconfig"], 2, "--kubeconfig: cannot load it"),
+        (["--target", "2", "--no-cluster"], 2, "--target: 2.0 is not in (0, 1)"),
+        (
+            ["--kubeconfig", "/nonexistent/kubeconfig"],
+            2,
+            "--kubeconfig: /nonexistent/kubeconfig not found; or run with --no-cluster",
+        ),
         (["--no-cluster", "--header", "nonsense"], 2, "--header"),
     ],
     ids=["window", "format", "target", "no-kubeconfig", "header"],

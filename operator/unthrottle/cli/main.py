@@ -25,14 +25,18 @@ from unthrottle.agent.discovery import Found, discover_kubepods, discover_standa
 from unthrottle.agent.naming import CachedPods, KubePodSource, name_cgroups
 from unthrottle.agent.sampling import Sampler
 from unthrottle.agent.server import make_server, serve
+from unthrottle.agent.settings import AgentSettings, InvalidAgentSettings
 from unthrottle.cfs.figures import RunFigures
 from unthrottle.cfs.tasks import DEFAULT_HZ, Accounting, Machine, simulate_tasks
 from unthrottle.cgroups import CgroupError, Layout, detect_layout
+from unthrottle.cli import checks
 from unthrottle.cli.common import err, fail, load_kube_config
 from unthrottle.cli.crd_cmd import crd_command
 from unthrottle.cli.operator_cmd import operator_command
 from unthrottle.cli.output import print_json, print_table, print_tune
 from unthrottle.cli.recommend_cmd import prometheus_rules_command, recommend_command
+from unthrottle.cli.report_cmd import report_command
+from unthrottle.cli.text import plain, styled
 from unthrottle.lab.kernel import kernel_hz
 from unthrottle.lab.processes import LabError
 from unthrottle.lab.runner import LabOptions, run_scenario
@@ -44,6 +48,7 @@ app = typer.Typer(
     help="Find CFS throttling, prove it on the kernel, fix it with the smallest CPU limit.",
     no_args_is_help=True,
     add_completion=False,
+    pretty_exceptions_show_locals=False,  # a local may hold a token
 )
 lab_app = typer.Typer(help="Run workloads in real cgroups on this machine.", no_args_is_help=True)
 app.add_typer(lab_app, name="lab")
@@ -51,6 +56,7 @@ app.command("recommend")(recommend_command)
 app.command("prometheus-rules")(prometheus_rules_command)
 app.command("operator")(operator_command)
 app.command("crd")(crd_command)
+app.command("report")(report_command)
 
 
 ScenarioFiles = Annotated[
@@ -59,10 +65,20 @@ ScenarioFiles = Annotated[
 JsonFlag = Annotated[
     bool, typer.Option("--json", help="Print one JSON object per scenario instead of a table.")
 ]
+MAX_PHASE_MS = 1000.0
+"""Phases and wake-up delays, ms: a CFS period is at most 1 s, and so is any sane delay."""
 PhaseMs = Annotated[
     float,
-    typer.Option("--phase-ms", min=0, help="Start each run this long after a CFS period boundary."),
+    typer.Option("--phase-ms", help="Start each run this long after a CFS period boundary."),
 ]
+MIN_HZ, MAX_HZ = 100, 1000
+"""CONFIG_HZ is 100, 250, 300 or 1000 on x86 (200 and 500 elsewhere)."""
+MAX_CORES = 1024
+"""Cores of a simulated machine: as many as the largest limit a scenario may ask for."""
+
+
+def _phase_us(value: float, option: str) -> int:
+    return round(checks.number(value, option, 0, MAX_PHASE_MS, " ms") * 1000)
 
 
 def _load_all(paths: list[Path]) -> list[Scenario]:
@@ -115,8 +131,8 @@ def _lab_session(command: str) -> Iterator[Layout]:
 @lab_app.command("run")
 def lab_run(paths: ScenarioFiles, json: JsonFlag = False, phase_ms: PhaseMs = 0.0) -> None:
     """Run each scenario's runs in fresh cgroups on this kernel and measure them."""
+    options = LabOptions(phase_us=_phase_us(phase_ms, "--phase-ms"))
     scenarios = _load_all(paths)
-    options = LabOptions(phase_us=round(phase_ms * 1000))
     rows: list[tuple[Scenario, list[RunFigures]]] = []
     with _lab_session("lab run") as layout:
         for scenario in scenarios:
@@ -124,7 +140,7 @@ def lab_run(paths: ScenarioFiles, json: JsonFlag = False, phase_ms: PhaseMs = 0.
             def progress(index: int, fig: RunFigures, scenario: Scenario = scenario) -> None:
                 if not json and sys.stderr.isatty():
                     label = scenario.runs[index].label()
-                    err.print(f"[dim]{scenario.name}: {label} done[/]", highlight=False)
+                    err.print(styled(f"{scenario.name}: {label} done", "dim", one_line=True))
 
             runs = run_scenario(scenario, layout, options, on_run=progress)
             rows.append((scenario, runs))
@@ -150,7 +166,6 @@ def lab_tune(
     ] = True,
 ) -> None:
     """Measure today's settings, recommend, and prove the result on this kernel."""
-    scenario = _load_all([path])[0]
     try:
         policy = Policy(
             target_ratio=target,
@@ -162,11 +177,14 @@ def lab_tune(
             max_step_down=0.01,
         )
     except PolicyError as error:
-        raise fail(str(error), 2) from None
+        option = {"targetThrottleRatio": "--target", "headroom": "--headroom"}.get(error.field)
+        reason = str(error).removeprefix(f"{error.field}: ")
+        raise fail(f"{option or error.field}: {reason}", 2) from None
+    scenario = _load_all([path])[0]
 
     def step(message: str) -> None:
         if sys.stderr.isatty():
-            err.print(f"[dim]{message}[/]", highlight=False)
+            err.print(styled(message, "dim"))
 
     with _lab_session("lab tune") as layout:
         result = tune(scenario, layout, policy, with_baselines=baselines, on_step=step)
@@ -181,19 +199,22 @@ def simulate(
     paths: ScenarioFiles,
     json: JsonFlag = False,
     cores: Annotated[
-        int | None, typer.Option(min=1, help="Cores of the simulated machine [default: this one's]")
+        int | None,
+        typer.Option(help=f"Cores of the simulated machine (1-{MAX_CORES}) [default: this one's]"),
     ] = None,
     hz: Annotated[
         int | None,
-        typer.Option(min=1, help="Kernel tick rate (CONFIG_HZ) [default: this kernel's, or 250]"),
+        typer.Option(
+            help=f"Kernel tick rate, CONFIG_HZ ({MIN_HZ}-{MAX_HZ}) [default: this kernel's, or 250]"
+        ),
     ] = None,
     phase_ms: PhaseMs = 0.0,
     tick_phase_ms: Annotated[
-        float, typer.Option("--tick-phase-ms", min=0, help="Start this long after a tick.")
+        float, typer.Option("--tick-phase-ms", help="Start this long after a tick.")
     ] = 0.0,
     wakeup_ms: Annotated[
         float,
-        typer.Option("--wakeup-ms", min=0, help="A sleeping worker runs this long after due."),
+        typer.Option("--wakeup-ms", help="A sleeping worker runs this long after due."),
     ] = 0.0,
     tick_accounting: Annotated[
         bool,
@@ -204,15 +225,17 @@ def simulate(
     ] = False,
 ) -> None:
     """Predict each scenario's runs with the CFS model (same figures as `lab run`)."""
-    scenarios = _load_all(paths)
+    checks.whole(cores, "--cores", 1, MAX_CORES)
+    checks.whole(hz, "--hz", MIN_HZ, MAX_HZ, " (CONFIG_HZ is 100, 250, 300 or 1000 on x86)")
     machine = Machine(
         cores=cores or len(os.sched_getaffinity(0)),
         hz=hz or kernel_hz() or DEFAULT_HZ,
-        period_phase_us=round(phase_ms * 1000),
-        tick_phase_us=round(tick_phase_ms * 1000),
-        wakeup_us=round(wakeup_ms * 1000),
+        period_phase_us=_phase_us(phase_ms, "--phase-ms"),
+        tick_phase_us=_phase_us(tick_phase_ms, "--tick-phase-ms"),
+        wakeup_us=_phase_us(wakeup_ms, "--wakeup-ms"),
         accounting=Accounting.TICK if tick_accounting else Accounting.IMMEDIATE,
     )
+    scenarios = _load_all(paths)
     rows = []
     for scenario in scenarios:
         workload = scenario.workload.to_workload()
@@ -227,7 +250,7 @@ def simulate(
         print_table(f"simulated: {machine.cores} cores, HZ {machine.hz}", rows)
 
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s)\s*$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s)\s*$", re.ASCII)
 
 
 def _duration_ns(text: str, option: str) -> int:
@@ -287,6 +310,8 @@ def agent(
     ] = "info",
 ) -> None:
     """The node agent: sample container cgroups every period and export to Prometheus."""
+    checks.agent_options(standalone=standalone, cgroup_root=cgroup_root,
+                         kubeconfig=kubeconfig, listen=listen)  # fmt: skip
     if log_level.lower() not in {"debug", "info", "warning", "error"}:
         raise fail(f"--log-level: {log_level!r} is not debug, info, warning or error", 2)
     agent_logs.setup(log_level)
@@ -296,6 +321,12 @@ def agent(
     period_ns = _duration_ns(period, "--period")
     peak_s = _duration_ns(peak_window, "--peak-window") / 1e9
     refresh_s = _duration_ns(discover_every, "--discover-every") / 1e9
+    try:
+        settings = AgentSettings(period_ns=period_ns, peak_window_s=peak_s, refresh_s=refresh_s)
+    except InvalidAgentSettings as error:
+        option = {"period_ns": "--period", "peak_window_s": "--peak-window",
+                  "refresh_s": "--discover-every"}.get(error.field, error.field)  # fmt: skip
+        raise fail(f"{option}: {error.reason}", 2) from None
     try:
         layout = detect_layout()
     except CgroupError as error:
@@ -307,7 +338,8 @@ def agent(
         where = f"below {cgroup_root!r}, named by path"
     else:
         node = node_name or os.environ.get("NODE_NAME") or socket.gethostname()
-        pods = CachedPods(KubePodSource(_core_api(kubeconfig), node))
+        source = KubePodSource(_core_api(kubeconfig), node, timeout_s=settings.api_timeout_s)
+        pods = CachedPods(source)
         writer = BurstWriter(layout, ProcStat(), burst_node_threshold) if burst else None
 
         def discover(known: frozenset[str]) -> list[Found]:
@@ -321,13 +353,7 @@ def agent(
             return found
 
         where = f"of node {node!r}, named through the Kubernetes API"
-    sampler = Sampler(
-        layout,
-        discover,
-        period_ns=period_ns,
-        peak_window_s=peak_s,
-        refresh_s=refresh_s,
-    )
+    sampler = Sampler(layout, discover, settings)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -337,8 +363,8 @@ def agent(
     except OSError as error:
         raise fail(f"--listen {listen}: {error.strerror}", 1) from None
     logging.getLogger("unthrottle.agent").info(
-        "sampling the %s cgroups %s every %s, serving http://%s/metrics",
-        layout.version, where, period, listen,
+        "sampling the %s cgroups %s every %s, serving http://%s:%d/metrics",
+        layout.version, where, period, host.strip("[]"), server.server_address[1],
     )  # fmt: skip
     serve(sampler, server, stop)
 
@@ -347,10 +373,18 @@ def _core_api(kubeconfig: Path | None) -> Any:
     """A CoreV1Api: in-cluster when there, else from the kubeconfig."""
     from kubernetes import client
 
-    load_kube_config(kubeconfig)
+    load_kube_config(kubeconfig, hint="; or run with --standalone")
     return client.CoreV1Api()
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point. A bug ends in one line, not a traceback (which may show
+    a secret); ``UNTHROTTLE_DEBUG=1`` shows the traceback."""
+    try:
+        app()
+    except Exception as error:
+        if os.environ.get("UNTHROTTLE_DEBUG") == "1":
+            raise
+        fail(f"internal error ({type(error).__name__}: {plain(error, one_line=True)}); "
+             "UNTHROTTLE_DEBUG=1 shows where", 1)  # fmt: skip
+        sys.exit(1)

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from unthrottle.cli import checks
 from unthrottle.cli.common import fail, load_kube_config
 from unthrottle.cli.prometheus_opts import (
     BasicAuth,
@@ -30,6 +31,7 @@ def _host_port(option: str, value: str) -> tuple[str, int]:
 
 
 def operator_command(
+    context: typer.Context,
     prometheus: Annotated[
         str,
         typer.Option(
@@ -84,8 +86,9 @@ def operator_command(
         raise fail("--peering and --standalone: give one or the other", 2)
     if log_format not in {None, "json", "text"}:
         raise fail(f"--log-format: {log_format!r} is not json or text", 2)
-    if status_max_workloads < 1:
-        raise fail("--status-max-workloads: must be 1 or more", 2)
+    checks.whole(status_max_workloads, "--status-max-workloads", 1, 1000,
+                 " (a status must stay far below etcd's 1.5 MiB object limit)")  # fmt: skip
+    namespaces = checks.names(namespace, "--namespace")
     live = None
     if liveness is not None:
         host, port = _host_port("--liveness", liveness)
@@ -94,12 +97,12 @@ def operator_command(
     config = prometheus_config(
         prometheus, bearer_token=bearer_token, bearer_token_file=bearer_token_file,
         basic_auth=basic_auth, ca_bundle=ca_bundle, insecure=insecure, header=header,
-        timeout=timeout, retries=retries,
+        timeout=timeout, retries=retries, context=context,
     )  # fmt: skip
     load_kube_config(None, hint="; set KUBECONFIG, or run in a pod with a service account")
     settings = OperatorSettings(
         prometheus=config,
-        namespaces=tuple(namespace or ()),
+        namespaces=namespaces,
         status_max_workloads=status_max_workloads,
     )
     json_logs = (log_format or ("text" if sys.stderr.isatty() else "json")) == "json"

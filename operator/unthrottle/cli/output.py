@@ -1,4 +1,7 @@
-"""How run figures are shown: a rich table for people, JSON lines for programs."""
+"""How run figures are shown: a rich table for people, JSON lines for programs.
+
+Scenario names and labels are user text: they reach a table as :func:`~unthrottle.cli.text.cell`
+(never markup, no control characters)."""
 
 from __future__ import annotations
 
@@ -8,8 +11,10 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from unthrottle.cfs.figures import RunFigures
+from unthrottle.cli.text import cell, plain
 from unthrottle.lab.tune import TuneResult
 from unthrottle.model.scenario import Scenario
 
@@ -36,8 +41,8 @@ def figures_table(title: str, rows: Sequence[tuple[Scenario, Sequence[RunFigures
     for scenario, runs in rows:
         for index, (spec, fig) in enumerate(zip(scenario.runs, runs, strict=True)):
             table.add_row(
-                scenario.name if index == 0 else "",
-                spec.label(),
+                cell(scenario.name if index == 0 else ""),
+                cell(spec.label()),
                 f"{fig.latency.p50:.1f}",
                 f"{fig.latency.p95:.1f}",
                 f"{fig.latency.p99:.1f}",
@@ -56,10 +61,8 @@ def figures_table(title: str, rows: Sequence[tuple[Scenario, Sequence[RunFigures
 
 def tune_table(result: TuneResult) -> Table:
     """Before, ours and the baselines, side by side."""
-    table = Table(
-        title=f"lab tune: {result.scenario}, target throttle ratio {result.target:g}",
-        title_justify="left",
-    )
+    title = f"lab tune: {plain(result.scenario, one_line=True)}, target throttle ratio "
+    table = Table(title=Text(title + f"{result.target:g}"), title_justify="left")
     for header in ("settings", "limit", "burst ms"):
         table.add_column(header, no_wrap=True)
     for header in ("ratio", "throttled ms", "p50 ms", "p95 ms", "p99 ms", "meets target"):
@@ -68,7 +71,7 @@ def tune_table(result: TuneResult) -> Table:
     def row(name: str, limit: str, burst_us: int, fig: RunFigures) -> None:
         ok = fig.stat.throttle_ratio <= result.target
         table.add_row(
-            name, limit, f"{burst_us / 1000:g}",
+            cell(name), cell(limit), f"{burst_us / 1000:g}",
             f"{fig.stat.throttle_ratio:.3f}", f"{fig.stat.throttled_us / 1000:.0f}",
             f"{fig.latency.p50:.1f}", f"{fig.latency.p95:.1f}", f"{fig.latency.p99:.1f}",
             "yes" if ok else "no",
@@ -88,18 +91,18 @@ def tune_table(result: TuneResult) -> Table:
 
 def print_tune(result: TuneResult) -> None:
     """The tune table and our reasons."""
-    console = Console()
+    console = Console(emoji=False, highlight=False)
     console.width = max(console.width, 120)
     console.print(tune_table(result))
     rec, _ = result.final
-    console.print(f"expected throttle ratio {rec.expected_throttle_ratio}, "
-                  f"confidence {rec.confidence} ({rec.confidence_label})")  # fmt: skip
+    console.print(Text(f"expected throttle ratio {rec.expected_throttle_ratio}, "
+                       f"confidence {rec.confidence} ({rec.confidence_label})"))  # fmt: skip
     for reason in rec.reasons:
-        console.print(f"  - {reason}", highlight=False)
+        console.print(Text(f"  - {plain(reason)}"))
 
 
 def print_table(title: str, rows: Sequence[tuple[Scenario, Sequence[RunFigures]]]) -> None:
     """Print the table to stdout."""
-    console = Console()
+    console = Console(emoji=False, highlight=False)
     console.width = max(console.width, 180)  # the table is wide; let it be
     console.print(figures_table(title, rows))

@@ -1,17 +1,28 @@
-"""``unthrottle recommend``: recommendations for a cluster's Deployments from its Prometheus."""
+"""``unthrottle recommend``: recommendations for a cluster's Deployments from its Prometheus.
+
+In three steps: every option is checked before any work (:func:`_request`, the
+Prometheus options, ``--output``, the kubeconfig), the scan runs under the overall
+``--deadline`` with a progress display on a terminal (:func:`_scan`), and the report is
+written only then, atomically.
+"""
 
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
 import typer
 import yaml
-from rich.progress import Progress
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from unthrottle.cli.common import err, fail, load_kube_config
+from unthrottle.cli import checks
+from unthrottle.cli.common import describe_kube_error, err, fail, kube_server, load_kube_config
+from unthrottle.cli.common import note as say
+from unthrottle.cli.deadline import Deadline
 from unthrottle.cli.prometheus_opts import (
     BasicAuth,
     BearerToken,
@@ -24,29 +35,140 @@ from unthrottle.cli.prometheus_opts import (
     prometheus_config,
 )
 from unthrottle.cli.report_cmd import check_format, terminal_options, write_output
-from unthrottle.kube.workloads import KubeWorkloadStore
+from unthrottle.kube.workloads import DeploymentInfo, KubeWorkloadStore, WorkloadStore
+from unthrottle.metrics.advise import usable_cpus
 from unthrottle.metrics.evidence import CONCURRENCY, QUERIES_WITH_OWNERS
-from unthrottle.metrics.promql import recording_rules, seconds
+from unthrottle.metrics.promql import recording_rules
 from unthrottle.metrics.source import MetricsError, PrometheusSource
+from unthrottle.model.owners import Owners
 from unthrottle.model.selector import SelectorError, parse_selector
 from unthrottle.recommend import Policy, PolicyError, Strategy
-from unthrottle.report import Report, render
+from unthrottle.report import DIRECTORY_FORMATS, Report, render
 from unthrottle.scan import History, ScanError, ScanRequest, assess, gather, select
 
+MAX_CONCURRENCY = 64
+"""Queries in flight: Prometheus evaluates 20 at once by default; more only queue there."""
+KUBE_TIMEOUT_S = 30.0
+"""A Kubernetes API call's timeout, s: at most this, and at most half the deadline, so a
+hung call is reported as what it is before the deadline ends the command."""
+_POLICY_FLAGS = {"targetThrottleRatio": "--target", "strategy": "--strategy"}
 
-def _store(kubeconfig: Path | None) -> KubeWorkloadStore:
+
+class _Described:
+    """A :class:`WorkloadStore` whose failures say, in a few words, what went wrong."""
+
+    def __init__(self, store: WorkloadStore, timeout_s: float) -> None:
+        self.store, self.timeout_s = store, timeout_s
+
+    def deployments(self, namespaces: Iterable[str]) -> list[DeploymentInfo]:
+        try:
+            return self.store.deployments(namespaces)
+        except Exception as error:
+            raise RuntimeError(describe_kube_error(error, self.timeout_s)) from None
+
+    def pod_owners(self, namespaces: Iterable[str]) -> Owners:
+        try:
+            return self.store.pod_owners(namespaces)
+        except Exception as error:
+            raise RuntimeError(describe_kube_error(error, self.timeout_s)) from None
+
+
+def _store(kubeconfig: Path | None, timeout_s: float) -> WorkloadStore:
     from kubernetes import client
 
     load_kube_config(kubeconfig, hint="; or run with --no-cluster")
-    return KubeWorkloadStore(client.CoreV1Api(), client.AppsV1Api())
+    store = KubeWorkloadStore(client.CoreV1Api(), client.AppsV1Api(), timeout_s=timeout_s)
+    return _Described(store, timeout_s)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """Where the scan reads from, under which deadline, and how the report names them."""
+
+    source: PrometheusSource
+    store: WorkloadStore | None
+    deadline: Deadline
+    window: str
+    prometheus: str
+
+
+def _request(*, window: str, target: float, strategy: Strategy, namespace: list[str] | None,
+             selector: str, history: str, concurrency: int, jobs: int | None,
+             top: int | None) -> ScanRequest:  # fmt: skip
+    """The scan request, every option in it checked and named when bad."""
+    window_s = checks.duration(window, "--window", at_least_s=60)
+    if history not in {"auto", "raw", "recorded"}:
+        raise fail(f"--history: {history!r} is not auto, raw or recorded", 2)
+    try:
+        policy = Policy(target_ratio=target, strategy=strategy)
+    except PolicyError as error:
+        reason = str(error).removeprefix(f"{error.field}: ")
+        raise fail(f"{_POLICY_FLAGS.get(error.field, error.field)}: {reason}", 2) from None
+    try:
+        wanted = parse_selector(selector)
+    except SelectorError as error:
+        raise fail(f"--selector: {error}", 2) from None
+    checks.whole(concurrency, "--concurrency", 1, MAX_CONCURRENCY,
+                 " (Prometheus runs 20 queries at once by default)")  # fmt: skip
+    checks.whole(top, "--top", 1)
+    checks.whole(jobs, "--jobs", 1)
+    cpus = usable_cpus()
+    if jobs is not None and jobs > cpus:
+        say(f"--jobs {jobs}: this machine has {cpus} usable CPUs; using {cpus}")
+        jobs = cpus
+    return ScanRequest(
+        window_s=window_s, now=time.time(), policy=policy,
+        namespaces=checks.names(namespace, "--namespace"), selector=wanted,
+        history=History(history), concurrency=concurrency, jobs=jobs,
+    )  # fmt: skip
+
+
+def _scan(request: ScanRequest, run: _Run) -> Report:
+    """Select, gather and assess under the deadline, with progress on a terminal."""
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    with run.deadline, Progress(*columns, console=err, transient=True,
+                                disable=not err.is_terminal) as progress:  # fmt: skip
+        task = progress.add_task("starting", total=None)
+        run.deadline.before_exit = progress.stop
+
+        def step(doing: str) -> None:
+            run.deadline.step(doing)
+            progress.update(task, description=doing)
+
+        try:
+            if run.store is not None:
+                step(f"reading Deployments from the Kubernetes API at {kube_server()}")
+            else:
+                step(f"asking Prometheus at {run.prometheus}")
+            selection = select(request, run.store, run.source)
+            step(f"querying Prometheus at {run.prometheus}")
+            done = [0]
+            total = QUERIES_WITH_OWNERS - (2 if selection.owners is not None else 0)
+
+            def answered(metric: str) -> None:
+                done[0] += 1
+                step(f"querying Prometheus at {run.prometheus}: {done[0]} of {total} "
+                     f"answered ({metric})")  # fmt: skip
+
+            found, problems = gather(request, run.source, selection, on_query=answered)
+            step("computing recommendations")
+            result = assess(request, selection, found, problems=problems)
+        except (ScanError, MetricsError) as error:
+            raise fail(str(error), 1) from None
+    if result.fatal is not None:
+        raise fail(result.fatal.message, 1)
+    for problem in result.problems:
+        say(problem.message)
+    return Report.from_scan(result, window=run.window, prometheus=run.prometheus)
 
 
 def recommend_command(
-    prometheus: Annotated[str, typer.Option(help="Prometheus (or compatible) URL.")],
+    context: typer.Context,
+    prometheus: Annotated[str, typer.Option(help="Prometheus (or compatible) base URL.")],
     namespace: Annotated[
         list[str] | None, typer.Option(help="Namespaces to cover (repeat); default: all.")
     ] = None,
-    window: Annotated[str, typer.Option(help="History to read, e.g. 7d, 24h.")] = "7d",
+    window: Annotated[str, typer.Option(help="History to read, e.g. 7d, 24h, 1h30m.")] = "7d",
     target: Annotated[float, typer.Option(help="Throttle ratio to stay under.")] = 0.05,
     strategy: Annotated[
         Strategy, typer.Option(case_sensitive=False, help="LimitOnly, BurstPreferred or Auto.")
@@ -58,7 +180,9 @@ def recommend_command(
             help="table, json, yaml, csv, markdown, html or kustomize (a directory: --output).",
         ),
     ] = "table",
-    output: Annotated[Path | None, typer.Option(help="Write here instead of stdout.")] = None,
+    output: Annotated[
+        Path | None, typer.Option(help="Write here instead of stdout (checked first).")
+    ] = None,
     no_cluster: Annotated[
         bool, typer.Option("--no-cluster", help="Take everything from kube-state-metrics.")
     ] = False,
@@ -82,7 +206,9 @@ def recommend_command(
     bearer_token: BearerToken = None,
     basic_auth: BasicAuth = None,
     retries: Retries = 3,
-    concurrency: Annotated[int, typer.Option(help="Queries in flight at once.")] = CONCURRENCY,
+    concurrency: Annotated[
+        int, typer.Option(help=f"Queries in flight at once (1-{MAX_CONCURRENCY}).")
+    ] = CONCURRENCY,
     top: Annotated[
         int | None,
         typer.Option(show_default=False, help="Only the N most harmful Deployments."),
@@ -100,58 +226,37 @@ def recommend_command(
         typer.Option(
             "--jobs",
             show_default=False,
-            help="Processes computing recommendations [default: usable CPUs].",
+            help="Processes computing recommendations (default and at most: the usable CPUs).",
         ),
     ] = None,
+    deadline: Annotated[
+        str,
+        typer.Option(help="Give up after this long in all, e.g. 5m, 90s, 1h."),
+    ] = "5m",
 ) -> None:
     """Recommend CPU limits, burst and GOMAXPROCS for Deployments from Prometheus metrics."""
-    check_format(fmt, output)
-    window_s = seconds(window)
-    if window_s is None or window_s <= 0:
-        raise fail(f"--window: {window!r} is not a duration such as 7d, 24h or 30m", 2)
-    if history not in {"auto", "raw", "recorded"}:
-        raise fail(f"--history: {history!r} is not auto, raw or recorded", 2)
-    try:
-        policy = Policy(target_ratio=target, strategy=strategy)
-    except PolicyError as error:
-        raise fail(str(error), 2) from None
-    try:
-        wanted = parse_selector(selector)
-    except SelectorError as error:
-        raise fail(f"--selector: {error}", 2) from None
-    if concurrency < 1 or any(n is not None and n < 1 for n in (jobs_option, top)):
-        raise fail("--concurrency, --jobs and --top must be 1 or more", 2)
-    source = PrometheusSource(prometheus_config(
+    config = prometheus_config(  # first: it hides the secrets from anything printed after
         prometheus, bearer_token=bearer_token, bearer_token_file=bearer_token_file,
         basic_auth=basic_auth, ca_bundle=ca_bundle, insecure=insecure, header=header,
-        timeout=timeout, retries=retries,
-    ))  # fmt: skip
-    request = ScanRequest(
-        window_s=window_s, now=time.time(), policy=policy, namespaces=tuple(namespace or ()),
-        selector=wanted, history=History(history), concurrency=concurrency, jobs=jobs_option,
+        timeout=timeout, retries=retries, context=context,
     )  # fmt: skip
-    store = None if no_cluster else _store(kubeconfig)
-    try:
-        selection = select(request, store, source)
-        with Progress(console=err, transient=True, disable=not err.is_terminal) as progress:
-            total = QUERIES_WITH_OWNERS - (2 if selection.owners is not None else 0)
-            task = progress.add_task("querying Prometheus", total=total)
-
-            def step(metric: str) -> None:
-                progress.update(task, advance=1, description=f"querying {metric}")
-
-            found, problems = gather(request, source, selection, on_query=step)
-        result = assess(request, selection, found, problems=problems)
-    except (ScanError, MetricsError) as error:
-        raise fail(str(error), 1) from None
-    if result.fatal is not None:
-        raise fail(result.fatal.message, 1)
-    for problem in result.problems:
-        err.print(f"note: {problem.message}", highlight=False)
-    report = Report.from_scan(result, window=window, prometheus=prometheus)
+    check_format(fmt, output)
+    checks.output_path(output, directory=fmt in DIRECTORY_FORMATS)
+    request = _request(window=window, target=target, strategy=strategy, namespace=namespace,
+                       selector=selector, history=history, concurrency=concurrency,
+                       jobs=jobs_option, top=top)  # fmt: skip
+    deadline_s = checks.duration(deadline, "--deadline")
+    if no_cluster and kubeconfig is not None:
+        raise fail("--kubeconfig and --no-cluster: give one or the other", 2)
+    kube_timeout_s = min(KUBE_TIMEOUT_S, deadline_s / 2)
+    run = _Run(
+        source=PrometheusSource(config),
+        store=None if no_cluster else _store(kubeconfig, kube_timeout_s),
+        deadline=Deadline(deadline_s, deadline), window=window, prometheus=config.url,
+    )  # fmt: skip
+    report = _scan(request, run)
     if top is not None and len(report.workloads) > top:
-        err.print(f"note: showing the {top} most harmful of {len(report.workloads)} "
-                  "Deployments (--top)", highlight=False)  # fmt: skip
+        say(f"showing the {top} most harmful of {len(report.workloads)} Deployments (--top)")
         report = report.top(top)
     write_output(render(report, fmt, terminal_options()), output)
 

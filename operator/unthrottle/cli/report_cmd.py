@@ -7,14 +7,17 @@ writing text (a file, or stdout) or a directory of files (kustomize).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from unthrottle.cli.common import err, fail, load_kube_config
+from unthrottle.cli import checks
+from unthrottle.cli.common import describe_kube_error, fail, load_kube_config, note
 from unthrottle.report import DIRECTORY_FORMATS, FORMATS, Output, RenderOptions, Report, render
 from unthrottle.report.kustomize import MARKER
 from unthrottle.report.model import ReportError
@@ -40,6 +43,29 @@ def terminal_options() -> RenderOptions:
     return RenderOptions(width=width)
 
 
+def _write_atomically(path: Path, text: str) -> None:
+    """``path`` holds the old text or the new, never half of it; a device (/dev/stdout, a
+    FIFO) is written in place."""
+    if path.exists() and not path.is_file():
+        path.write_text(text)
+        return
+    target = path.resolve() if path.is_symlink() else path
+    mode = target.stat().st_mode & 0o7777 if target.exists() else None
+    fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+        if mode is None:  # a new file: what open() would give it under this umask
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        os.chmod(temporary, mode)
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
 def _write_files(files: dict[str, str], folder: Path) -> None:
     if folder.exists() and not folder.is_dir():
         raise fail(f"--output: {folder} is a file; a directory format needs a directory", 2)
@@ -48,21 +74,21 @@ def _write_files(files: dict[str, str], folder: Path) -> None:
         if old.name not in files and old.read_text().startswith(MARKER):
             old.unlink()
     for name, text in files.items():
-        (folder / name).write_text(text)
-    err.print(f"wrote {folder / 'kustomization.yaml'} and {len(files) - 1} patches",
-              highlight=False)  # fmt: skip
+        _write_atomically(folder / name, text)
+    note(f"wrote {folder / 'kustomization.yaml'} and {len(files) - 1} patches")
 
 
 def write_output(output: Output, path: Path | None) -> None:
-    """Text to ``path`` or stdout; files into the directory ``path``."""
+    """Text to ``path`` (atomically) or stdout; files into the directory ``path``."""
+    if path is None:
+        assert not isinstance(output, dict)  # check_format asked for a path
+        sys.stdout.write(output)
+        return
     try:
         if isinstance(output, dict):
-            assert path is not None  # check_format asked for it
             _write_files(output, path)
-        elif path is not None:
-            path.write_text(output)
         else:
-            sys.stdout.write(output)
+            _write_atomically(path, output)
     except OSError as error:
         raise fail(
             f"--output: cannot write {error.filename or path}: {error.strerror}", 1
@@ -109,10 +135,11 @@ def read_report(core: Any, custom: Any, namespace: str, policy: str) -> Report:
     except ApiException as error:
         if error.status == 404:
             raise _missing(custom, namespace, policy) from None
-        raise fail(f"cannot read ConfigMap {namespace}/{name}: {error.status} {error.reason}",
-                   1) from None  # fmt: skip
+        raise fail(f"cannot read ConfigMap {namespace}/{name}: "
+                   f"{describe_kube_error(error)}", 1) from None  # fmt: skip
     except Exception as error:  # urllib3's connection errors
-        raise fail(f"cannot reach the Kubernetes API: {error}", 1) from None
+        raise fail(f"cannot read ConfigMap {namespace}/{name}: "
+                   f"{describe_kube_error(error, TIMEOUT_S)}", 1) from None  # fmt: skip
     text = (cm.data or {}).get("report.json")
     if text is None:
         raise fail(f"ConfigMap {namespace}/{name} has no report.json: not an unthrottle report", 1)
@@ -141,6 +168,10 @@ def report_command(
 ) -> None:
     """Render a policy's latest report (its ConfigMap) as Markdown, HTML, JSON or kustomize."""
     check_format(fmt, output)
+    checks.object_name(policy, "POLICY", "ThrottlePolicy")
+    if namespace is not None:
+        checks.names([namespace], "--namespace")
+    checks.output_path(output, directory=fmt in DIRECTORY_FORMATS)
     load_kube_config(kubeconfig)
     from kubernetes import client
 
@@ -148,7 +179,8 @@ def report_command(
     report = read_report(client.CoreV1Api(), client.CustomObjectsApi(), ns, policy)
     if report.truncated is not None:
         t = report.truncated
-        err.print(f"note: the report holds the {t.shown} most harmful Deployments; "
-                  f"{t.left_out} more were left out to fit its ConfigMap (unthrottle recommend "
-                  "covers them all)", highlight=False)  # fmt: skip
+        note(
+            f"the report holds the {t.shown} most harmful Deployments; {t.left_out} more "
+            "were left out to fit its ConfigMap (unthrottle recommend covers them all)"
+        )
     write_output(render(report, fmt, terminal_options()), output)
