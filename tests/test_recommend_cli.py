@@ -142,8 +142,26 @@ def test_a_namespace_without_deployments_is_an_error(prometheus: str) -> None:
             "--kubeconfig: /nonexistent/kubeconfig not found; or run with --no-cluster",
         ),
         (["--no-cluster", "--header", "nonsense"], 2, "--header"),
+        (["--no-cluster", "--min-limit", "lots"], 2, "--min-limit: 'lots' is not a CPU quantity"),
+        (
+            ["--no-cluster", "--min-limit", "2", "--max-limit", "1"],
+            2,
+            "--max-limit: 1000m is below limits.min",
+        ),
+        (["--no-cluster", "--max-step-up", "0.5"], 2, "--max-step-up: 0.5 is below 1"),
+        (["--no-cluster", "--headroom", "-1"], 2, "--headroom: -1.0 is not in [0, 10]"),
     ],
-    ids=["window", "format", "target", "no-kubeconfig", "header"],
+    ids=[
+        "window",
+        "format",
+        "target",
+        "no-kubeconfig",
+        "header",
+        "min-limit",
+        "max-below-min",
+        "step-up",
+        "headroom",
+    ],
 )
 def test_bad_options_are_named(args: list[str], code: int, message: str) -> None:
     out = cli("--prometheus", "http://127.0.0.1:1", *args)
@@ -265,3 +283,19 @@ def test_top_keeps_the_most_harmful_and_says_how_many_were_left_out(prometheus: 
     assert out.returncode == 0, out.stderr
     assert [w["deployment"] for w in json.loads(out.stdout)["workloads"]] == ["api"]
     assert "the 1 most harmful of 3 Deployments" in out.stderr
+
+
+@requires_prometheus
+def test_recommend_takes_the_policys_bounds_and_shows_the_uncapped_limit(prometheus: str) -> None:
+    args = ("--prometheus", prometheus, "--no-cluster", "--namespace", "shop", "--window", "1h")
+    capped = cli(*args, "--format", "json", "--max-step-up", "1.1")
+    assert capped.returncode == 0, capped.stderr
+    api = json.loads(capped.stdout)["workloads"][0]["containers"][0]["recommendation"]
+    assert api["limit_millicores"] <= 550  # ×1.1 from 500m
+    assert api["uncapped_limit_millicores"] > 550  # what the evidence asked for
+    table = cli(*args, "--max-step-up", "1.1")
+    assert table.returncode == 0, table.stderr
+    assert "uncapped" in table.stdout
+    loose = cli(*args, "--format", "json", "--max-step-up", "10", "--headroom", "0")
+    rec = json.loads(loose.stdout)["workloads"][0]["containers"][0]["recommendation"]
+    assert rec["limit_millicores"] == rec["uncapped_limit_millicores"] > 550

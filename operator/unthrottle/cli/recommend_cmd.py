@@ -13,12 +13,13 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 import yaml
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from unthrottle.cfs.settings import parse_cpu
 from unthrottle.cli import checks
 from unthrottle.cli.common import describe_kube_error, err, fail, kube_server, load_kube_config
 from unthrottle.cli.common import note as say
@@ -51,7 +52,15 @@ MAX_CONCURRENCY = 64
 KUBE_TIMEOUT_S = 30.0
 """A Kubernetes API call's timeout, s: at most this, and at most half the deadline, so a
 hung call is reported as what it is before the deadline ends the command."""
-_POLICY_FLAGS = {"targetThrottleRatio": "--target", "strategy": "--strategy"}
+_POLICY_FLAGS = {
+    "targetThrottleRatio": "--target",
+    "strategy": "--strategy",
+    "headroom": "--headroom",
+    "limits.min": "--min-limit",
+    "limits.max": "--max-limit",
+    "limits.maxStepUp": "--max-step-up",
+    "limits.maxStepDown": "--max-step-down",
+}
 
 
 class _Described:
@@ -92,15 +101,27 @@ class _Run:
     prometheus: str
 
 
+def _cpu(value: str, option: str) -> int:
+    try:
+        return parse_cpu(value)
+    except ValueError:
+        raise fail(f"{option}: {value!r} is not a CPU quantity (500m, 2)", 2) from None
+
+
 def _request(*, window: str, target: float, strategy: Strategy, namespace: list[str] | None,
              selector: str, history: str, concurrency: int, jobs: int | None,
-             top: int | None) -> ScanRequest:  # fmt: skip
+             top: int | None, bounds: dict[str, Any]) -> ScanRequest:  # fmt: skip
     """The scan request, every option in it checked and named when bad."""
     window_s = checks.duration(window, "--window", at_least_s=60)
     if history not in {"auto", "raw", "recorded"}:
         raise fail(f"--history: {history!r} is not auto, raw or recorded", 2)
     try:
-        policy = Policy(target_ratio=target, strategy=strategy)
+        policy = Policy(
+            target_ratio=target, strategy=strategy, headroom=bounds["headroom"],
+            min_millicores=_cpu(bounds["min_limit"], "--min-limit"),
+            max_millicores=_cpu(bounds["max_limit"], "--max-limit"),
+            max_step_up=bounds["max_step_up"], max_step_down=bounds["max_step_down"],
+        )  # fmt: skip
     except PolicyError as error:
         reason = str(error).removeprefix(f"{error.field}: ")
         raise fail(f"{_POLICY_FLAGS.get(error.field, error.field)}: {reason}", 2) from None
@@ -173,6 +194,19 @@ def recommend_command(
     strategy: Annotated[
         Strategy, typer.Option(case_sensitive=False, help="LimitOnly, BurstPreferred or Auto.")
     ] = Strategy.AUTO,
+    headroom: Annotated[
+        float, typer.Option(help="Added to what the evidence needs (0.1 = +10 %).")
+    ] = 0.1,
+    min_limit: Annotated[
+        str, typer.Option(help="Never recommend a CPU limit below this.")
+    ] = "100m",
+    max_limit: Annotated[str, typer.Option(help="Never recommend a CPU limit above this.")] = "8",
+    max_step_up: Annotated[
+        float, typer.Option(help="One recommendation raises a limit at most this many times.")
+    ] = 2.0,
+    max_step_down: Annotated[
+        float, typer.Option(help="One recommendation lowers a limit to no less than this share.")
+    ] = 0.8,
     fmt: Annotated[
         str,
         typer.Option(
@@ -244,7 +278,10 @@ def recommend_command(
     checks.output_path(output, directory=fmt in DIRECTORY_FORMATS)
     request = _request(window=window, target=target, strategy=strategy, namespace=namespace,
                        selector=selector, history=history, concurrency=concurrency,
-                       jobs=jobs_option, top=top)  # fmt: skip
+                       jobs=jobs_option, top=top,
+                       bounds={"headroom": headroom, "min_limit": min_limit,
+                               "max_limit": max_limit, "max_step_up": max_step_up,
+                               "max_step_down": max_step_down})  # fmt: skip
     deadline_s = checks.duration(deadline, "--deadline")
     if no_cluster and kubeconfig is not None:
         raise fail("--kubeconfig and --no-cluster: give one or the other", 2)

@@ -42,7 +42,8 @@ def rows(report: Report) -> list[dict[str, Any]]:
                 "throttle_ratio": _ratio(c.throttle_ratio),
                 "demand_p99_max": (f"{cpu(c.demand.p99_millicores)} / "
                                    f"{cpu(c.demand.max_millicores)}" if c.demand else ""),
-                "recommended_limit": cpu(rec.limit_millicores) if rec else "",
+                "recommended_limit": _capped(rec.limit_millicores, rec.uncapped_limit_millicores)
+                if rec else "",
                 "burst_ms": f"{rec.burst_us / 1000:g}" if rec else "",
                 "gomaxprocs": (rec.gomaxprocs or "") if rec else "",
                 "expected_throttle_ratio": _ratio(rec.expected_throttle_ratio) if rec else "",
@@ -53,6 +54,13 @@ def rows(report: Report) -> list[dict[str, Any]]:
                 "reasons": " | ".join(rec.reasons) if rec else "",
             })  # fmt: skip
     return out
+
+
+def _capped(limit: int | None, uncapped: int | None) -> str:
+    """``1`` — or ``1 (uncapped 3)`` when a bound or step limit held it back."""
+    if uncapped is None or limit is None or uncapped == limit:
+        return cpu(limit)
+    return f"{cpu(limit)} (uncapped {cpu(uncapped)})"
 
 
 def render_json(report: Report) -> str:
