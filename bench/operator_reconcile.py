@@ -297,7 +297,7 @@ def main() -> None:
         reconciler = Reconciler(
             OperatorSettings(source.config, jobs=None), metrics=source, workloads=store,  # type: ignore[arg-type]
             objects=objects_, clock=lambda: clock[0],
-            evidence=IncrementalReader(source, objects_, clock=lambda: clock[0]),  # type: ignore[arg-type]
+            evidence=IncrementalReader(source, objects_),  # type: ignore[arg-type]
         )  # fmt: skip
         custom.create_namespaced_custom_object(*policies, {
             "apiVersion": "unthrottle.io/v1alpha1", "kind": "ThrottlePolicy",

@@ -176,7 +176,7 @@ def test_a_restarted_operator_reads_only_the_gap_from_its_checkpoint(world: Worl
 
     def restarted() -> tuple[Reconciler, IncrementalReader]:
         reconciler = world.reconciler()
-        reader = IncrementalReader(world.source, reconciler.objects, clock=lambda: clock[0])
+        reader = IncrementalReader(world.source, reconciler.objects)
         reconciler.evidence, reconciler.clock = reader, lambda: clock[0]
         return reconciler, reader
 

@@ -150,13 +150,14 @@ class Applier:
         out: dict[str, Outcome] = {}
         vpas = self.deployments.vpas(namespace)
         infos = selection.deployments or {}
+        records: dict[str, Record | None] = {}  # each Deployment's record, read once
         in_flight = 0
         for w in result.workloads:
             info = infos.get((w.namespace, w.deployment))
             if info is None or w.deployment in skipped:
                 continue
             try:
-                record = record_of(info.raw)
+                record = records[w.deployment] = record_of(info.raw)
             except RecordError as error:
                 out[w.deployment] = (State.SKIPPED, f"{error}: fix or remove the annotation")
                 continue
@@ -170,15 +171,21 @@ class Applier:
             info = infos.get((w.namespace, w.deployment))
             if info is None:
                 continue
-            held = self._held(body, spec, info.raw, vpas, now)
+            ours = records.get(w.deployment)
+            if ours is not None and ours.policy != policy:
+                ours = None  # another policy's record: nothing of ours to hold back or show
+            held = self._held(body, spec, info.raw, ours, vpas, now)
             if held is not None:
                 if states.get(w.deployment) == State.RECOMMENDED or held[0] != State.SKIPPED:
                     out[w.deployment] = held
                 continue
             if states.get(w.deployment) != State.RECOMMENDED:
-                applied = self._applied(info.raw, policy)
-                if applied is not None and states.get(w.deployment) == State.UP_TO_DATE:
-                    out[w.deployment] = (State.APPLIED, f"applied: {self._summary(applied)}")
+                if (
+                    ours is not None
+                    and ours.verdict == "Applied"
+                    and (states.get(w.deployment) == State.UP_TO_DATE)
+                ):
+                    out[w.deployment] = (State.APPLIED, f"applied: {self._summary(ours)}")
                 continue
             if not spec.apply.dry_run and in_flight >= spec.apply.max_concurrent:
                 limit = spec.apply.max_concurrent
@@ -194,15 +201,14 @@ class Applier:
     # -- holding back ------------------------------------------------------------------
 
     def _held(self, body: dict[str, Any], spec: ThrottlePolicySpec, raw: dict[str, Any],
-              vpas: list[dict[str, Any]] | None, now: float) -> Outcome | None:  # fmt: skip
+              record: Record | None, vpas: list[dict[str, Any]] | None,
+              now: float) -> Outcome | None:  # fmt: skip
+        """Why not to change it now: a skip, a rollback to respect, a cooldown (``record``:
+        this policy's record on the Deployment, if any)."""
         reason = skip_reason(raw, vpas, gitops_patch=spec.apply.git_ops == "Patch")
         if reason is not None:
             return State.SKIPPED, reason
-        try:
-            record = record_of(raw)
-        except RecordError:
-            return None
-        if record is None or record.policy != body["metadata"]["name"]:
+        if record is None:
             return None
         generation = body["metadata"].get("generation")
         if record.verdict == "RolledBack":
@@ -217,16 +223,6 @@ class Applier:
             return State.APPLIED, (f"applied: {self._summary(record)}; cooldown until "
                                    f"{_iso(record.at + spec.apply.cooldown_s)}")  # fmt: skip
         return None
-
-    @staticmethod
-    def _applied(raw: dict[str, Any], policy: str) -> Record | None:
-        """This policy's record with the verdict Applied, if that is the Deployment's."""
-        try:
-            record = record_of(raw)
-        except RecordError:
-            return None
-        ok = record is not None and record.policy == policy and record.verdict == "Applied"
-        return record if ok else None
 
     @staticmethod
     def _summary(record: Record) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import logging
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -27,15 +26,15 @@ class PolicyMemory:
 
     cache: EngineCache = field(default_factory=EngineCache)
     aggregates: Any = None
-    """The folded evidence (``unthrottle.metrics.aggregates.WindowAggregates``), if any."""
-    window_s: int | None = None
+    """The folded evidence (``unthrottle.metrics.sliding.SlidingEvidence``), if any."""
     failures: int = 0
     last_fault: str | None = None
-    last_signature: object = None
+    last_signature: str | None = None
+    """The decisions of the last summary event (an event only when they change)."""
     report_signature: str | None = None
+    """The decisions the report ConfigMap was last written with, and when."""
     report_at: float = 0.0
     warned_generation: int | None = None
-    samples_read: int = 0
 
 
 class EvidenceReader(Protocol):
@@ -72,12 +71,11 @@ class IncrementalReader:
     only the gap. Raw series only: incremental reads are a few minutes of samples, which
     recording rules would not make cheaper."""
 
-    def __init__(self, metrics: MetricsSource, objects: ObjectStore, *,
-                 clock: Callable[[], float], concurrency: int = 3,
+    def __init__(self, metrics: MetricsSource, objects: ObjectStore, *, concurrency: int = 3,
                  max_bytes: int = 900 * 1024) -> None:  # fmt: skip
+        """Reads happen at the request's clock (``ScanRequest.now``), never this process's."""
         self.metrics = metrics
         self.objects = objects
-        self.clock = clock
         self.concurrency = concurrency
         self.max_bytes = max_bytes
         self.reads: list[Read] = []

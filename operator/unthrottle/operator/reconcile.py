@@ -32,6 +32,7 @@ from unthrottle.operator.status import (
     StatusView,
     condition,
     timestamp,
+    workload_state,
     workloads_status,
 )
 from unthrottle.operator.telemetry import Telemetry
@@ -82,15 +83,13 @@ class Reconciler:
 
     def forget(self, body: dict[str, Any]) -> None:
         """A policy was deleted: drop its memory."""
-        meta = body.get("metadata") or {}
-        self.memory.pop(str(meta.get("uid") or uid_of(body)), None)
+        self.memory.pop(_memory_key(body), None)
         self.telemetry.forget(uid_of(body))
 
     def reconcile(self, body: dict[str, Any]) -> Outcome:
         """Reconcile one policy; never raises for the policy's or the cluster's faults."""
         meta = body.get("metadata") or {}
-        uid = str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
-        memory = self.memory.setdefault(uid, PolicyMemory())
+        memory = self.memory.setdefault(_memory_key(body), PolicyMemory())
         started = time.perf_counter()
         try:
             outcome = self._reconcile(body, memory)
@@ -135,15 +134,17 @@ class Reconciler:
             skip=skip))  # fmt: skip
         overrides = None
         if spec.mode == "Apply" and self.applier is not None:
-            states = workloads_status(result, skipped, limit=0).states
+            states = {w.deployment: workload_state(w, skipped)[0] for w in result.workloads}
             overrides = self._timed("apply", body, lambda: self.applier.run(  # type: ignore[union-attr]
                 body, spec, selection, result, states, skipped))  # fmt: skip
         view = workloads_status(result, skipped, limit=self.settings.status_max_workloads,
                                 overrides=overrides)  # fmt: skip
-        self._timed("report", body, lambda: self._write_report(body, spec, result, view, memory))
+        decisions = self._decisions(view)
+        self._timed("report", body, lambda: self._write_report(body, spec, result, view, memory,
+                                                               decisions))  # fmt: skip
         status = self._status(body, spec, now, view, conflicts, result)
         self.objects.patch_status(namespace, name, conformed(status))
-        self._events(body, memory, result, view, conflicts)
+        self._events(body, memory, result, view, conflicts, decisions)
         memory.failures, memory.last_fault = 0, None
         self.telemetry.states(uid_of(body), view.states)
         return Outcome(next_in_s=float(spec.interval_s))
@@ -232,10 +233,10 @@ class Reconciler:
         )  # fmt: skip
 
     def _write_report(self, body: dict[str, Any], spec: ThrottlePolicySpec, result: ScanResult,
-                      view: StatusView, memory: PolicyMemory) -> None:  # fmt: skip
+                      view: StatusView, memory: PolicyMemory,
+                      decisions: str) -> None:  # fmt: skip
         """The report ConfigMap: rewritten when the decisions changed, or an hour passed."""
         meta = body["metadata"]
-        decisions = self._decisions(view)
         if (decisions == memory.report_signature
                 and result.now - memory.report_at < self.settings.report_refresh_s):  # fmt: skip
             return
@@ -270,10 +271,10 @@ class Reconciler:
         memory.report_signature, memory.report_at = decisions, result.now
 
     def _events(self, body: dict[str, Any], memory: PolicyMemory, result: ScanResult,
-                view: StatusView, conflicts: dict[str, str]) -> None:  # fmt: skip
-        signature = self._decisions(view)
-        if signature != memory.last_signature:
-            memory.last_signature = signature
+                view: StatusView, conflicts: dict[str, str],
+                decisions: str) -> None:  # fmt: skip
+        if decisions != memory.last_signature:
+            memory.last_signature = decisions
             recommended = sum(1 for s in view.states.values() if s == State.RECOMMENDED)
             worst = view.summary["worstThrottleRatio"]
             message = (f"{view.summary['deployments']} Deployments, "
@@ -355,6 +356,11 @@ def conformed(status: dict[str, Any]) -> dict[str, Any]:
     field it would prune or a null it would refuse is a bug here, not a failed write."""
     model = ThrottlePolicyStatus.model_validate(status)
     return model.model_dump(by_alias=True, mode="json", exclude_unset=True)
+
+
+def _memory_key(body: dict[str, Any]) -> str:
+    """A policy's key in memory: its uid (a policy deleted and made again starts afresh)."""
+    return str((body.get("metadata") or {}).get("uid") or uid_of(body))
 
 
 def uid_of(body: dict[str, Any]) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from dataclasses import dataclass
 
 import kopf
@@ -50,7 +49,7 @@ def run(settings: OperatorSettings, options: RunOptions) -> None:
         workloads=KubeWorkloadStore(client.CoreV1Api(api), client.AppsV1Api(api),
                                     timeout_s=settings.api_timeout_s),
         objects=objects,
-        evidence=IncrementalReader(source, objects, clock=time.time,
+        evidence=IncrementalReader(source, objects,
                                    concurrency=settings.concurrency,
                                    max_bytes=settings.checkpoint_max_bytes),
         deployments=KubeDeployments(api, timeout_s=settings.api_timeout_s),
