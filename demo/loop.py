@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests")]
 from kube_emulator import KubeEmulator  # noqa: E402  (the test double for the API server)
 from unthrottle.cfs.settings import format_cpu, parse_cpu  # noqa: E402
+from unthrottle.devtools.processes import stop  # noqa: E402
 from unthrottle.devtools.prometheus import PrometheusServer, free_port, have_prometheus  # noqa: E402
 from unthrottle.model.burst import burst_specs, spec_for  # noqa: E402
 from unthrottle.model.scenario import RunSpec, Scenario, load_scenario  # noqa: E402
@@ -309,12 +310,7 @@ def on_the_kernel(layout: Any, folder: Path) -> None:
                                      f"{fig.stat.throttle_ratio * 100:.0f} %",
                                      f"{fig.latency.p99:.1f} ms"))  # fmt: skip
         finally:
-            agent.terminate()
-            try:
-                agent.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                agent.kill()
-                agent.wait()
+            stop(agent, timeout_s=15)
     say("5. before and after, measured on this kernel")
     table(rows)
     save({"target": TARGET, "workloads": results, "report": str(report)})

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from types import TracebackType
 
+from unthrottle.devtools.processes import stop
+
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
 
 
@@ -37,13 +39,8 @@ class OperatorProcess:
 
     def __exit__(self, kind: type[BaseException] | None, err: BaseException | None,
                  tb: TracebackType | None) -> None:  # fmt: skip
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.kill(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.kill()
+        if self.proc is not None:
+            stop(self.proc, timeout_s=20)
 
     def tail(self) -> str:
         return self.log.read_text()[-4000:] if self.log.exists() else ""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from helpers import CgroupTree, kubepods_levels
 from prom import PrometheusServer, free_port, requires_prometheus
 from unthrottle.cgroups import Cgroup, Layout
+from unthrottle.devtools.processes import stop as stop_process
 from unthrottle.lab.noise import OtherLoad
 
 pytestmark = pytest.mark.kernel
@@ -65,13 +65,7 @@ def start_agent(args: list[str], log: Path) -> subprocess.Popen[bytes]:
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
     """End a process we started, by PID."""
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
+    stop_process(proc, timeout_s=10)
 
 
 class Workload(CgroupTree):

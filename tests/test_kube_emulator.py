@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
 from kube_emulator import KubeEmulator
+from unthrottle.devtools.processes import stop
 
 TPOL = "unthrottle.io/v1alpha1/throttlepolicies"
 DEPLOY = "apps/v1/deployments"
@@ -806,12 +806,7 @@ def kopf_running(kube: KubeEmulator, tmp_path: Path, *scope: str) -> Iterator[No
         )
         raise
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop(proc, timeout_s=10)
 
 
 @pytest.mark.parametrize(

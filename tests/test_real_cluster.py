@@ -26,6 +26,8 @@ from typing import Any
 
 import pytest
 
+from unthrottle.devtools.processes import stop
+
 KUBECONFIG = os.environ.get("KUBECONFIG", "")
 REACH_TIMEOUT_S = 10
 pytestmark = [
@@ -207,10 +209,5 @@ def test_the_crd_installs_and_a_recommend_reconcile_writes_status(
                 "unthrottle.io", "v1alpha1", namespace, "throttlepolicies", "front"
             )
         finally:
-            operator.terminate()
-            try:
-                operator.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                operator.kill()
-                operator.wait()
+            stop(operator, timeout_s=30)
             log.close()

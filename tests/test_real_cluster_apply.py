@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from test_real_cluster import UNTHROTTLE, apis, crd_installed, pytestmark  # noqa: F401
+from unthrottle.devtools.processes import stop
 
 pytestmark = [
     *pytestmark,
@@ -91,10 +92,5 @@ def test_an_apply_cycle_patches_rolls_out_and_gets_a_verdict(
             time.sleep(5)
         assert verdict in {"Applied", "RolledBack"}, (tmp_path / "operator.log").read_text()
     finally:
-        operator.terminate()
-        try:
-            operator.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            operator.kill()
-            operator.wait()
+        stop(operator, timeout_s=30)
         log.close()

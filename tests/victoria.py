@@ -21,9 +21,7 @@ tests would catch a query sent without it (``docs/metrics.md``, "Compatible back
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import subprocess
 import time
 import urllib.parse
@@ -35,6 +33,7 @@ from types import TracebackType
 import pytest
 
 from prom import PrometheusServer, free_port, requires_prometheus
+from unthrottle.devtools.processes import stop
 
 BINARY = "victoria-metrics"
 requires_victoria = pytest.mark.skipif(
@@ -162,13 +161,8 @@ class VictoriaMetricsServer:
     def __exit__(
         self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        if self.proc is not None:
+            stop(self.proc, timeout_s=15)
 
 
 BACKENDS = [

@@ -8,9 +8,7 @@ it beside the pytest marker); it imports no test framework.
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
 import socket
 import ssl
 import subprocess
@@ -19,6 +17,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from types import TracebackType
+
+from unthrottle.devtools.processes import stop
 
 __all__ = ["PrometheusServer", "free_port", "have_prometheus"]
 
@@ -98,10 +98,5 @@ class PrometheusServer:
     def __exit__(
         self, kind: type[BaseException] | None, err: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        if self.proc is not None:
+            stop(self.proc, timeout_s=15)
