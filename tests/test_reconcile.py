@@ -195,3 +195,23 @@ def test_a_restarted_operator_reads_only_the_gap_from_its_checkpoint(world: Worl
     after = {w["deployment"]: w["containers"] for w in world.body("kept")["status"]["workloads"]}
     assert {d: [c["recommended"] for c in cs] for d, cs in after.items()} == {
         d: [c["recommended"] for c in cs] for d, cs in before.items()}  # fmt: skip
+
+
+def test_the_reuse_settings_decide_when_the_engine_runs_again(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from unthrottle.scan import ReuseSettings, pipeline
+
+    world.policy("strict", {"window": "5h"})
+    reconciler = world.reconciler(reuse=ReuseSettings(share_drift=-1.0, ratio_drift=-1.0))
+    calls: list[int] = []
+    real = pipeline.advise_all
+
+    def counting(jobs: list[Any], workers: int | None = None) -> list[Any]:
+        calls.append(len(jobs))
+        return real(jobs, workers)
+
+    monkeypatch.setattr(pipeline, "advise_all", counting)  # counts calls, changes nothing
+    reconciler.reconcile(world.body("strict"))
+    reconciler.reconcile(world.body("strict"))
+    assert calls == [12, 12]  # no drift is small enough: nothing is reused

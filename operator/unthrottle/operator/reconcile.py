@@ -37,7 +37,15 @@ from unthrottle.operator.status import (
 )
 from unthrottle.operator.telemetry import Telemetry
 from unthrottle.report import markdown
-from unthrottle.scan import ClusterError, ScanRequest, ScanResult, Selection, assess, select
+from unthrottle.scan import (
+    ClusterError,
+    EngineCache,
+    ScanRequest,
+    ScanResult,
+    Selection,
+    assess,
+    select,
+)
 
 _log = logging.getLogger("unthrottle.operator")
 PLOTTED = 50
@@ -89,7 +97,10 @@ class Reconciler:
     def reconcile(self, body: dict[str, Any]) -> Outcome:
         """Reconcile one policy; never raises for the policy's or the cluster's faults."""
         meta = body.get("metadata") or {}
-        memory = self.memory.setdefault(_memory_key(body), PolicyMemory())
+        key = _memory_key(body)
+        memory = self.memory.get(key)
+        if memory is None:
+            memory = self.memory[key] = PolicyMemory(cache=EngineCache(self.settings.reuse))
         started = time.perf_counter()
         try:
             outcome = self._reconcile(body, memory)
