@@ -184,7 +184,7 @@ def patched(kube: KubeEmulator, name: str) -> tuple[int, int]:
     assert deploy is not None
     template = deploy["spec"]["template"]
     limit = parse_cpu(template["spec"]["containers"][0]["resources"]["limits"]["cpu"])
-    spec = spec_for(burst_specs(template["metadata"].get("annotations") or {}), "app")
+    spec = spec_for(burst_specs((template.get("metadata") or {}).get("annotations") or {}), "app")
     burst, _ = spec.resolve(limit * 100) if spec else (0, False)
     return limit, burst
 

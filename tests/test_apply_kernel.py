@@ -87,7 +87,8 @@ def test_the_applied_limit_stops_the_throttling_on_the_kernel(
                 assert deploy is not None
                 template = deploy["spec"]["template"]
                 limit = parse_cpu(template["spec"]["containers"][0]["resources"]["limits"]["cpu"])
-                spec = spec_for(burst_specs(template["metadata"].get("annotations") or {}), "app")
+                annotations = (template.get("metadata") or {}).get("annotations") or {}
+                spec = spec_for(burst_specs(annotations), "app")
                 quota = limit * 100
                 burst, _ = spec.resolve(quota) if spec is not None else (0, False)
                 # the kubelet writes the new quota, the agent the burst
