@@ -129,10 +129,17 @@ def test_a_policy_gets_status_events_and_a_report_and_nothing_is_patched(
     assert api["throttleRatio"] > 0.05
     assert parse_cpu(api["recommended"]["cpuLimit"]) > 500
     assert api["expectedThrottleRatio"] <= 0.05
+    # made from throttled data: the limit is the top of a range, and the status says so
+    assert (
+        0
+        < parse_cpu(api["recommended"]["cpuLimitLowerBound"])
+        < parse_cpu(api["recommended"]["cpuLimit"])
+    )
     # the healthy one gets no higher limit
     catalog = _workload(status, "catalog")
     assert catalog["state"] in {"UpToDate", "Recommended"}
     assert parse_cpu(catalog["containers"][0]["recommended"]["cpuLimit"]) <= 1000
+    assert catalog["containers"][0]["recommended"]["cpuLimitLowerBound"] is None  # not throttled
     # the opt-out annotation: listed, skipped, with the reason
     legacy = _workload(status, "legacy")
     assert legacy["state"] == "Skipped" and "unthrottle.io/ignore" in legacy["message"]

@@ -309,7 +309,7 @@ workloads:
   containers:
   - name: api
     current:     {cpuLimit: "500m", cpuRequest: "100m", burst: "0ms", gomaxprocs: null}
-    recommended: {cpuLimit: "900m", burst: "20ms", gomaxprocs: 2}
+    recommended: {cpuLimit: "900m", cpuLimitLowerBound: "610m", burst: "20ms", gomaxprocs: 2}
     throttleRatio: 0.41
     expectedThrottleRatio: 0.02
     confidence: 0.93

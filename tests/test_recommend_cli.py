@@ -16,6 +16,7 @@ import yaml
 
 from prom import PrometheusServer, free_port, requires_prometheus
 from test_metrics_evidence import history
+from unthrottle.cfs.settings import format_cpu
 
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
 
@@ -299,3 +300,24 @@ def test_recommend_takes_the_policys_bounds_and_shows_the_uncapped_limit(prometh
     loose = cli(*args, "--format", "json", "--max-step-up", "10", "--headroom", "0")
     rec = json.loads(loose.stdout)["workloads"][0]["containers"][0]["recommendation"]
     assert rec["limit_millicores"] == rec["uncapped_limit_millicores"] > 550
+
+
+@requires_prometheus
+def test_a_limit_made_from_throttled_data_is_shown_as_a_range(prometheus: str) -> None:
+    args = ("--prometheus", prometheus, "--no-cluster", "--namespace", "shop", "--window", "1h")
+    out = cli(*args, "--format", "json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    api = doc["workloads"][0]["containers"][0]  # throttled past the target today
+    assert api["throttle_ratio"] > doc["target"]
+    rec = api["recommendation"]
+    low, high = rec["lower_limit_millicores"], rec["limit_millicores"]
+    assert 0 < low < high
+    assert any(f"between {low}m and {high}m" in r and "refines" in r for r in rec["reasons"])
+    table = cli(*args, "--format", "csv")
+    row = next(r for r in table.stdout.splitlines() if r.startswith("shop,api,"))
+    assert f"({format_cpu(low)}–{format_cpu(high)})" in row
+    for w in doc["workloads"]:  # not throttled past the target: one value
+        for c in w["containers"]:
+            if c["recommendation"] and (c["throttle_ratio"] or 0) <= doc["target"]:
+                assert "lower_limit_millicores" not in c["recommendation"]

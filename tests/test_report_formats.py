@@ -93,7 +93,7 @@ class TestMarkdown:
             throttled, expected, limit, burst, procs, demand, confidence = cells[2:9]
             assert throttled.strip("*") == f"{c['throttle_ratio'] * 100:.1f} %"
             assert expected == f"{rec['expected_throttle_ratio'] * 100:.1f} %"
-            assert limit.split(" → ")[-1] == format_cpu(rec["limit_millicores"])
+            assert limit.split(" → ")[-1] == _recommended(rec)
             assert limit.split(" → ")[0] == format_cpu(c["current"]["limit_millicores"])
             assert burst.split(" → ")[-1] == u.burst(rec["burst_us"])
             if rec["gomaxprocs"] is not None:
@@ -178,6 +178,25 @@ class _Page(HTMLParser):
             self._cell.append(data)
 
 
+def _recommended(rec: dict[str, Any]) -> str:
+    """``690m``, or ``690m (400m–690m)`` for a limit made from throttled data."""
+    top = format_cpu(rec["limit_millicores"])
+    low = rec.get("lower_limit_millicores")
+    return top if low is None else f"{top} ({format_cpu(low)}–{top})"
+
+
+@requires_prometheus
+def test_the_shop_has_a_limit_made_from_throttled_data(doc: dict[str, Any]) -> None:
+    """So the range's rendering above is exercised: checkout is throttled past the target."""
+    ranged = [c for _, c in _containers(doc) if (c["recommendation"] or {}).get(
+        "lower_limit_millicores")]  # fmt: skip
+    assert ranged and all(
+        c["recommendation"]["lower_limit_millicores"] < c["recommendation"]["limit_millicores"]
+        and c["throttle_ratio"] > doc["target"]
+        for c in ranged
+    )
+
+
 def _page(text: str) -> _Page:
     page = _Page()
     page.feed(text)
@@ -200,7 +219,7 @@ class TestHtml:
             assert float(r[4][1]) == pytest.approx(rec["expected_throttle_ratio"], rel=1e-5)
             limit = r[5][0].split(" → ")
             assert limit[0] == format_cpu(c["current"]["limit_millicores"])
-            assert limit[-1] == format_cpu(rec["limit_millicores"])
+            assert limit[-1] == _recommended(rec)
             assert int(r[5][1]) == rec["limit_millicores"]
             assert int(r[6][1]) == rec["burst_us"]
             assert r[8][0] == " / ".join(format_cpu(c["demand"][k]) for k in (

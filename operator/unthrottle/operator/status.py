@@ -54,6 +54,9 @@ def container_status(c: ContainerResult) -> dict[str, Any]:
         if rec is None
         else {
             "cpuLimit": None if rec.limit_millicores is None else format_cpu(rec.limit_millicores),
+            "cpuLimitLowerBound": None
+            if rec.lower_limit_millicores is None
+            else format_cpu(rec.lower_limit_millicores),
             "burst": _ms(rec.burst_us),
             "gomaxprocs": rec.gomaxprocs,
         },

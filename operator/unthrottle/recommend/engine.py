@@ -17,13 +17,30 @@ step                          effect
 
 Every step is non-decreasing in demand, so more demand never yields a smaller
 limit. The result always satisfies the kernel's and the API server's rules.
+
+Evidence throttled past the target is censored: usage is capped at the quota,
+and usage + throttled time is an upper bound on demand (a stalled thread is
+counted for the whole stall, on every run queue, whatever work it had left).
+The limit made from it is then the top of a range. The bottom is the same
+chain run on what certainly ran — each window's demand capped at today's
+quota, which no window's usage exceeds below its throttling — so, the chain
+being monotone, the limit the true demand asks for lies between the two. Where
+today's limit itself was measured throttled with no more burst than the
+recommendation allows (``LimitOnly``, counters), the bottom is also above
+today's limit. The reason says the range, and that the recommendation is
+refined from the unthrottled evidence once applied (docs/recommend.md).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import numpy as np
+
 from unthrottle.cfs.series import simulate_series
 from unthrottle.cfs.settings import Bandwidth
 from unthrottle.recommend.estimators import (
+    ROUND_TO_MILLICORES,
     Draft,
     average_floor,
     bounds,
@@ -81,6 +98,43 @@ def _period_chain(evidence: PeriodEvidence, policy: Policy) -> Draft:
     return draft
 
 
+def _finished(draft: Draft, policy: Policy, current: Current) -> Draft:
+    """Steps 5–8: bounds, step limit, rounding, validity (each monotone)."""
+    draft = bounds(draft, policy, current)
+    draft = step_limit(draft, policy, current)
+    draft = rounded(draft)
+    return valid(draft, policy, current)
+
+
+def _lower_limit(
+    evidence: Evidence, current: Current, policy: Policy, ratio: float | None
+) -> int | None:
+    """The bottom of the range when the evidence was throttled past the target, else None."""
+    today = current.limit_millicores
+    if today is None or ratio is None or ratio <= policy.target_ratio or _empty(evidence):
+        return None
+    if isinstance(evidence, CounterEvidence):
+        # the counters' step keeps today's burst: measured throttled at today's limit with it
+        draft = Draft(today + ROUND_TO_MILLICORES, current.burst_us)
+    else:
+        quota = quota_of(today, evidence.period_us)
+        ran = replace(evidence, demand_us=np.minimum(evidence.demand_us, quota))
+        draft = _period_chain(ran, policy)
+        if policy.strategy is Strategy.LIMIT_ONLY and draft.limit is not None:
+            # no burst: today's limit, with today's burst or more, was measured throttled
+            draft = draft.but(limit=max(draft.limit, today + ROUND_TO_MILLICORES))
+    return _finished(draft, policy, current).limit
+
+
+def _range_reason(lower: int, upper: int, today: int, ratio: float) -> str:
+    return (
+        f"made from throttled data ({ratio:.0%} of periods throttled at {today}m): usage + "
+        f"throttled time overstates demand, so {upper}m is an upper bound; the smallest limit "
+        f"that meets the target is between {lower}m and {upper}m. Once applied the container "
+        "runs unthrottled, and the next recommendation, from that evidence, refines it"
+    )
+
+
 def recommend(evidence: Evidence, current: Current, policy: Policy) -> Recommendation:
     """A recommendation for one container: always valid, with its reasons."""
     if isinstance(evidence, PeriodEvidence):
@@ -101,10 +155,14 @@ def recommend(evidence: Evidence, current: Current, policy: Policy) -> Recommend
     else:
         draft = counter_step(evidence, current, policy)  # headroom is inside the step
     uncapped = rounded(draft).limit  # what the evidence asks for, before bounds and steps
-    draft = bounds(draft, policy, current)
-    draft = step_limit(draft, policy, current)
-    draft = rounded(draft)
-    draft = valid(draft, policy, current)
+    draft = _finished(draft, policy, current)
+    ratio = _current_ratio(evidence, current)
+    lower = _lower_limit(evidence, current, policy, ratio)
+    if lower is not None and draft.limit is not None and lower < draft.limit:
+        assert current.limit_millicores is not None and ratio is not None  # _lower_limit's
+        draft = draft.but(reason=_range_reason(lower, draft.limit, current.limit_millicores, ratio))
+    else:
+        lower = None  # a point estimate (or a step or bound held the top down to the bottom)
     gomaxprocs, jvm, notes = processors(draft.limit, current, policy)
     expected = _expected_ratio(evidence, draft, current.period_us)
     if expected is not None and expected > policy.target_ratio:
@@ -119,10 +177,11 @@ def recommend(evidence: Evidence, current: Current, policy: Policy) -> Recommend
         gomaxprocs=gomaxprocs,
         jvm_processors=jvm,
         expected_throttle_ratio=expected,
-        current_throttle_ratio=_current_ratio(evidence, current),
+        current_throttle_ratio=ratio,
         confidence=confidence(evidence) if not _empty(evidence) else 0.0,
         reasons=[*draft.reasons, *notes],
         uncapped_limit_millicores=uncapped,
+        lower_limit_millicores=lower,
     )
 
 

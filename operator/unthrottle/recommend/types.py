@@ -174,6 +174,16 @@ class Recommendation:
     uncapped_limit_millicores: int | None = None
     """What the evidence asks for before ``limits.min``/``max`` and the step limits (VPA's
     "uncapped target"): a reviewer sees how far the caps held the recommendation back."""
+    lower_limit_millicores: int | None = None
+    """Set when the evidence was throttled past the target: the limit is then an upper
+    bound (usage + throttled time overstates demand), and the smallest limit that meets
+    the target lies in [``lower_limit_millicores``, ``limit_millicores``], the bottom always
+    below the top. None: a point estimate (the evidence shows demand itself)."""
+
+    @property
+    def is_range(self) -> bool:
+        """True when the limit is the top of a range (made from throttled data)."""
+        return self.lower_limit_millicores is not None  # set only below the limit
 
     @property
     def quota_us(self) -> int | None:
@@ -183,8 +193,9 @@ class Recommendation:
         return self.limit_millicores * self.period_us // 1000
 
     def to_json(self) -> dict[str, object]:
-        """The fields every output carries (``lab tune --json``, ``recommend --format json``)."""
-        return {
+        """The fields every output carries (``lab tune --json``, ``recommend --format json``);
+        ``lower_limit_millicores`` only where the limit is the top of a range."""
+        out: dict[str, object] = {
             "limit_millicores": self.limit_millicores,
             "burst_us": self.burst_us,
             "gomaxprocs": self.gomaxprocs,
@@ -194,6 +205,9 @@ class Recommendation:
             "reasons": list(self.reasons),
             "uncapped_limit_millicores": self.uncapped_limit_millicores,
         }
+        if self.is_range:
+            out["lower_limit_millicores"] = self.lower_limit_millicores
+        return out
 
     @property
     def confidence_label(self) -> str:

@@ -67,7 +67,8 @@ def _row(rank: int, w: Workload, c: Container, target: float, anchor: str) -> Ro
         _num(units.pct(c.throttle_ratio), c.throttle_ratio),
         _num(units.pct(rec.expected_throttle_ratio) if rec else units.DASH,
              rec.expected_throttle_ratio if rec else None),
-        _num(units.change(units.cpu(now.limit_millicores), units.cpu(limit))
+        _num(units.change(units.cpu(now.limit_millicores),
+                          units.limit(limit, rec.lower_limit_millicores if rec else None))
              if limit is not None else units.cpu(now.limit_millicores),
              limit if limit is not None else now.limit_millicores),  # sorts by the new limit
         _num(units.change(units.burst(now.burst_us), units.burst(rec.burst_us)) if rec
@@ -93,7 +94,11 @@ def _alt(w: Workload, c: Container) -> str:
     parts.append(f"today's limit {units.cpu(c.current.limit_millicores)}, "
                  f"{units.pct(c.throttle_ratio)} of periods throttled")  # fmt: skip
     if rec is not None:
+        bounds = rec.limit_range()
         parts.append(f"recommended {units.cpu(rec.limit_millicores)}"
+                     + (f" (an upper bound: the smallest limit that meets the target is "
+                        f"between {units.cpu(bounds[0])} and {units.cpu(bounds[1])})"
+                        if bounds else "")
                      + (f" with a {units.burst(rec.burst_us)} burst" if rec.burst_us else "")
                      + f", {units.pct(rec.expected_throttle_ratio)} expected")  # fmt: skip
     return "; ".join(parts) + "."

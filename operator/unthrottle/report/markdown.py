@@ -75,7 +75,8 @@ def _row(w: Workload, c: Container, target: float) -> str:
         text(c.name) + ("" if c.managed else " (not managed)"),
         f"**{throttled}**" if c.over(target) else throttled,
         units.pct(rec.expected_throttle_ratio) if rec else units.DASH,
-        units.change(units.cpu(now.limit_millicores), units.cpu(rec.limit_millicores))
+        units.change(units.cpu(now.limit_millicores),
+                     units.limit(rec.limit_millicores, rec.lower_limit_millicores))
         if rec and rec.limit_millicores is not None else units.cpu(now.limit_millicores),
         units.change(units.burst(now.burst_us), units.burst(rec.burst_us)) if rec
         else units.burst(now.burst_us),
@@ -117,7 +118,10 @@ def render_markdown(report: Report, *, title: str | None = None) -> str:
             "## Recommendations",
             "",
             "Most harmful first. Throttled: share of periods today → expected; demand: CPU "
-            "wanted per 100 ms window, p50 / p99 / largest.",
+            "wanted per 100 ms window, p50 / p99 / largest. A limit shown with a range "
+            "(`1640m (580m–1640m)`) was made from throttled data: it is an upper bound, the "
+            "smallest limit that meets the target lies in the range, and the recommendation "
+            "is refined from the unthrottled evidence once applied.",
             "",
             "| Deployment | container | throttled | expected | limit | burst | GOMAXPROCS "
             "| demand p50 / p99 / max | confidence | evidence | changes |",

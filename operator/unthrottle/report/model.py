@@ -74,6 +74,17 @@ class Advice(_Doc):
     uncapped_limit_millicores: int | None = Field(
         None, ge=0, description="What the evidence asks for before bounds and step limits."
     )
+    lower_limit_millicores: int | None = Field(
+        None,
+        ge=0,
+        description="Set when made from throttled data: the limit is then an upper bound, and "
+        "the smallest limit that meets the target lies between this and it.",
+    )
+
+    def limit_range(self) -> tuple[int, int] | None:
+        """(lower, upper) when the limit is the top of a range, else None."""
+        low, high = self.lower_limit_millicores, self.limit_millicores
+        return (low, high) if low is not None and high is not None and low < high else None
 
 
 class Bucket(_Doc):

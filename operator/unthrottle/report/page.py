@@ -133,7 +133,9 @@ TEMPLATE = """<!DOCTYPE html>
 <h2 id="recommendations">Recommendations</h2>
 <p class="note">One row per container, most harmful first; select a column header to sort.
 Throttled: share of periods today, and expected under the recommendation. Demand: CPU wanted
-per 100 ms window.</p>
+per 100 ms window. A limit with a range, such as 1640m (580m–1640m), was made from throttled
+data: it is an upper bound, the smallest limit that meets the target lies in the range, and it
+is refined from the unthrottled evidence once applied.</p>
 <div class="table-wrap">
 <table class="sortable" id="containers">
 <caption>{{ rows | length }} containers of Deployments with evidence</caption>

@@ -16,7 +16,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from unthrottle.report.model import Report
+from unthrottle.report import units
+from unthrottle.report.model import Advice, Report
 from unthrottle.report.units import cpu
 
 TABLE_COLUMNS = ("namespace", "deployment", "container", "current_limit", "throttle_ratio",
@@ -42,8 +43,7 @@ def rows(report: Report) -> list[dict[str, Any]]:
                 "throttle_ratio": _ratio(c.throttle_ratio),
                 "demand_p99_max": (f"{cpu(c.demand.p99_millicores)} / "
                                    f"{cpu(c.demand.max_millicores)}" if c.demand else ""),
-                "recommended_limit": _capped(rec.limit_millicores, rec.uncapped_limit_millicores)
-                if rec else "",
+                "recommended_limit": _capped(rec) if rec else "",
                 "burst_ms": f"{rec.burst_us / 1000:g}" if rec else "",
                 "gomaxprocs": (rec.gomaxprocs or "") if rec else "",
                 "expected_throttle_ratio": _ratio(rec.expected_throttle_ratio) if rec else "",
@@ -56,11 +56,14 @@ def rows(report: Report) -> list[dict[str, Any]]:
     return out
 
 
-def _capped(limit: int | None, uncapped: int | None) -> str:
-    """``1`` — or ``1 (uncapped 3)`` when a bound or step limit held it back."""
+def _capped(rec: Advice) -> str:
+    """``1``; ``1 (uncapped 3)`` when a bound or step limit held it back; ``1 (600m–1)``
+    when made from throttled data (the smallest limit that meets the target is in it)."""
+    limit, uncapped = rec.limit_millicores, rec.uncapped_limit_millicores
+    shown = units.limit(limit, rec.lower_limit_millicores)
     if uncapped is None or limit is None or uncapped == limit:
-        return cpu(limit)
-    return f"{cpu(limit)} (uncapped {cpu(uncapped)})"
+        return shown
+    return f"{shown} (uncapped {cpu(uncapped)})"
 
 
 def render_json(report: Report) -> str:

@@ -14,6 +14,14 @@ def cpu(millicores: int | None) -> str:
     return "none" if millicores is None else format_cpu(millicores)
 
 
+def limit(millicores: int | None, lower: int | None = None) -> str:
+    """A recommended limit: ``1640m``, or ``1640m (580m–1640m)`` when it is the top of a
+    range (made from throttled data: the smallest limit that meets the target lies in it)."""
+    if lower is None or millicores is None or lower >= millicores:
+        return cpu(millicores)
+    return f"{cpu(millicores)} ({cpu(lower)}–{cpu(millicores)})"
+
+
 def signed_cpu(millicores: int) -> str:
     """A difference: ``+900m``, ``-300m``, ``0``."""
     if millicores == 0:
