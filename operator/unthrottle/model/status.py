@@ -64,7 +64,7 @@ class RecommendedSettings(_Status):
     cpu_limit_lower_bound: str | None = Field(
         None,
         description="Set when made from throttled data: cpuLimit is then an upper bound, and the "
-        "smallest limit that meets the target lies between this and it (refined once applied).",
+        "limit the demand itself asks for lies between this and it (refined once applied).",
     )
     burst: str | None = Field(None, description="The CFS burst to set, e.g. 20ms; null: leave it.")
     gomaxprocs: int | None = Field(None, description="The GOMAXPROCS to set; null: leave it.")

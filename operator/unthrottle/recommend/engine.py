@@ -129,9 +129,9 @@ def _lower_limit(
 def _range_reason(lower: int, upper: int, today: int, ratio: float) -> str:
     return (
         f"made from throttled data ({ratio:.0%} of periods throttled at {today}m): usage + "
-        f"throttled time overstates demand, so {upper}m is an upper bound; the smallest limit "
-        f"that meets the target is between {lower}m and {upper}m. Once applied the container "
-        "runs unthrottled, and the next recommendation, from that evidence, refines it"
+        f"throttled time overstates demand, so {upper}m is an upper bound; what the demand "
+        f"itself asks for is between {lower}m and {upper}m. Once applied the container runs "
+        "unthrottled, and the next recommendation, from that evidence, refines it"
     )
 
 

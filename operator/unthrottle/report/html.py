@@ -96,7 +96,7 @@ def _alt(w: Workload, c: Container) -> str:
     if rec is not None:
         bounds = rec.limit_range()
         parts.append(f"recommended {units.cpu(rec.limit_millicores)}"
-                     + (f" (an upper bound: the smallest limit that meets the target is "
+                     + (f" (an upper bound: what the demand itself asks for is "
                         f"between {units.cpu(bounds[0])} and {units.cpu(bounds[1])})"
                         if bounds else "")
                      + (f" with a {units.burst(rec.burst_us)} burst" if rec.burst_us else "")

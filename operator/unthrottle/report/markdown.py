@@ -120,7 +120,7 @@ def render_markdown(report: Report, *, title: str | None = None) -> str:
             "Most harmful first. Throttled: share of periods today → expected; demand: CPU "
             "wanted per 100 ms window, p50 / p99 / largest. A limit shown with a range "
             "(`1640m (580m–1640m)`) was made from throttled data: it is an upper bound, the "
-            "smallest limit that meets the target lies in the range, and the recommendation "
+            "limit the demand itself asks for lies in the range, and the recommendation "
             "is refined from the unthrottled evidence once applied.",
             "",
             "| Deployment | container | throttled | expected | limit | burst | GOMAXPROCS "

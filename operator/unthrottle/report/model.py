@@ -78,7 +78,7 @@ class Advice(_Doc):
         None,
         ge=0,
         description="Set when made from throttled data: the limit is then an upper bound, and "
-        "the smallest limit that meets the target lies between this and it.",
+        "the limit the demand itself asks for lies between this and it.",
     )
 
     def limit_range(self) -> tuple[int, int] | None:

@@ -134,7 +134,7 @@ TEMPLATE = """<!DOCTYPE html>
 <p class="note">One row per container, most harmful first; select a column header to sort.
 Throttled: share of periods today, and expected under the recommendation. Demand: CPU wanted
 per 100 ms window. A limit with a range, such as 1640m (580m–1640m), was made from throttled
-data: it is an upper bound, the smallest limit that meets the target lies in the range, and it
+data: it is an upper bound, what the demand itself asks for lies in the range, and it
 is refined from the unthrottled evidence once applied.</p>
 <div class="table-wrap">
 <table class="sortable" id="containers">

@@ -58,7 +58,7 @@ def rows(report: Report) -> list[dict[str, Any]]:
 
 def _capped(rec: Advice) -> str:
     """``1``; ``1 (uncapped 3)`` when a bound or step limit held it back; ``1 (600m–1)``
-    when made from throttled data (the smallest limit that meets the target is in it)."""
+    when made from throttled data (what the demand itself asks for is in it)."""
     limit, uncapped = rec.limit_millicores, rec.uncapped_limit_millicores
     shown = units.limit(limit, rec.lower_limit_millicores)
     if uncapped is None or limit is None or uncapped == limit:

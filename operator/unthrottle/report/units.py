@@ -16,7 +16,7 @@ def cpu(millicores: int | None) -> str:
 
 def limit(millicores: int | None, lower: int | None = None) -> str:
     """A recommended limit: ``1640m``, or ``1640m (580m–1640m)`` when it is the top of a
-    range (made from throttled data: the smallest limit that meets the target lies in it)."""
+    range (made from throttled data: what the demand itself asks for lies in it)."""
     if lower is None or millicores is None or lower >= millicores:
         return cpu(millicores)
     return f"{cpu(millicores)} ({cpu(lower)}–{cpu(millicores)})"
