@@ -80,7 +80,10 @@ def tune_table(result: TuneResult) -> Table:
     before = result.before
     row("today", before.limit.get("cpus", "none").__str__() + " CPU", 0, before)
     rec = result.recommendation
-    row("unthrottle", f"{rec.limit_millicores}m", rec.burst_us, result.after)
+    shown = f"{rec.limit_millicores}m"
+    if rec.lower_limit_millicores is not None:  # from throttled data: the top of a range
+        shown += f" ({rec.lower_limit_millicores}m–{rec.limit_millicores}m)"
+    row("unthrottle", shown, rec.burst_us, result.after)
     if result.refined is not None:
         ref = result.refined.recommendation
         row("unthrottle, refined", f"{ref.limit_millicores}m", ref.burst_us, result.refined.after)
