@@ -43,6 +43,13 @@ class Workload:
     env: tuple[tuple[str, str], ...] = ()
     template_hash: str = "7c9d8f"
     """The pod-template-hash of its ReplicaSet: a rollout makes a new one."""
+    cfs_periods: tuple[float, ...] = ()
+    """The CFS period of each pod's node, s, in turn (the agent's gauge); empty: no gauge,
+    and the kubelet's default 100 ms."""
+
+    def period_of(self, pod: int) -> float:
+        """The CFS period of the node pod number ``pod`` runs on, s."""
+        return self.cfs_periods[pod % len(self.cfs_periods)] if self.cfs_periods else 0.1
 
     @property
     def replicaset(self) -> str:
@@ -74,16 +81,21 @@ def openmetrics(workloads: list[Workload], end: int, span: int = DAY, step: int 
         lines.extend(f"{name}{{{labels}}} {rate * (t - (end - span)):.10g} {t}" for t in times)
 
     for w in workloads:
-        for pod in w.pod_names():
+        for p, pod in enumerate(w.pod_names()):
             labels = f'namespace="{w.namespace}",pod="{pod}",container="{w.container}"'
             if w.base == 0:
                 continue
             throttled = w.throttled_share()
             mean = (1 - w.share) * w.base + w.share * w.burst
-            for metric, rate in (("usage_seconds", min(mean, w.limit)), ("cfs_periods", 10.0),
-                                 ("cfs_throttled_periods", 10 * throttled),
-                                 ("cfs_throttled_seconds", 10 * throttled * 0.05)):  # fmt: skip
+            period = w.period_of(p)  # the kernel counts periods at its node's period
+            for metric, rate in (("usage_seconds", min(mean, w.limit)),
+                                 ("cfs_periods", 1 / period),
+                                 ("cfs_throttled_periods", throttled / period),
+                                 ("cfs_throttled_seconds", throttled / 2)):  # fmt: skip
                 emit(f"container_cpu_{metric}_total", labels, rate)
+            if w.cfs_periods:  # a gauge: its value, not a rate
+                lines.extend(f"unthrottle_cpu_cfs_period_seconds{{{labels}}} {period} {t}"
+                             for t in times)  # fmt: skip
             for le, bound in zip(BOUNDS, (*BUCKETS_CORES, math.inf), strict=True):
                 emit("unthrottle_cpu_demand_cores_bucket", f'{labels},le="{le}"',
                      10 * cdf(w.base, w.share, w.burst, bound))  # fmt: skip

@@ -124,6 +124,8 @@ def _texts() -> list[Case]:
         "--format": ["xml", "", "kustomize"],
         "--selector": ["app=web,,x", "=x", "a in (", "[/x]", "a=b=c"],
         "--namespace": ["[/x]", "Shop", "a_b", "-x", "x" * 64, "", "\x1b[31mred"],
+        "--cfs-period": ["0ms", "999us", "2s", "100", "fast", "-100ms", "", "100 ms",
+                         "1.0005ms", "1e2ms"],
     }.items():  # fmt: skip
         cases += [rec(f"{flag[2:]}-{i}", flag, v) for i, v in enumerate(values)]
     cases.append(rec("strategy-usage", "--strategy", "Sometimes", usage=True))
@@ -317,6 +319,8 @@ def _operator_report_and_more() -> list[Case]:
         op("log-format", "--log-format", "xml"),
         op("status-zero", "--status-max-workloads", "0"),
         op("status-huge", "--status-max-workloads", "100000"),
+        op("cfs-period-too-long", "--cfs-period", "10s"),
+        op("cfs-period-from-env", env={"UNTHROTTLE_CFS_PERIOD": "fast"}, names="--cfs-period"),
         op("liveness", "--liveness", "nohost:x"),
         op("metrics-port", "--metrics", "127.0.0.1:99999"),
         op("no-kubeconfig", env={"KUBECONFIG": "/nonexistent/kc"},

@@ -219,6 +219,8 @@ def test_the_chart_version_follows_the_project_and_the_image_defaults_to_it() ->
 BAD_VALUES = {
     "zero-replicas": ({"operator": {"replicas": 0}}, "/operator/replicas", "minimum"),
     "period-without-unit": ({"agent": {"period": "100"}}, "/agent/period", "pattern"),
+    "cfs-period-without-unit": ({"operator": {"cfsPeriod": "100"}}, "/operator/cfsPeriod",
+                                "pattern"),
     "url-without-scheme": ({"prometheus": {"url": "prometheus:9090"}}, "/prometheus/url",
                            "pattern"),
     "unknown-log-format": ({"operator": {"logFormat": "yaml"}}, "/operator/logFormat",
@@ -292,7 +294,7 @@ REAL_RUNS = {
     "defaults": {},
     "peering-namespaces-auth-burst-off": {
         "operator": {"replicas": 2, "watchNamespaces": ["shop", "pay"], "logFormat": "text",
-                     "statusMaxWorkloads": 1000},
+                     "statusMaxWorkloads": 1000, "cfsPeriod": "50ms"},
         "agent": {"burst": {"enabled": False}, "logLevel": "debug"},
         "prometheus": {**PROMETHEUS_AUTH, "caBundle": {"configMap": "", "secret": "",
                                                        "key": "ca.crt"}},
@@ -328,12 +330,18 @@ def test_the_operator_runs_standalone_with_a_liveness_probe_and_its_metrics() ->
     params = parse("operator", argv[2:])
     assert params["standalone"] and params["all_namespaces"] and params["peering"] is None
     assert params["prometheus"] == "http://prometheus-operated.monitoring.svc:9090"
+    assert params["cfs_period"] == "100ms"  # the kubelet's default, where no agent says
     c = container(objects, "Deployment")
     probe = c["livenessProbe"]["httpGet"]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert params["liveness"] == f"0.0.0.0:{ports['liveness']}" and probe["path"] == "/healthz"
     assert params["metrics"] == f"0.0.0.0:{ports['metrics']}"
     assert "cpu" not in c["resources"]["limits"]  # the operator is not throttled by its chart
+
+
+def test_the_kubelets_cfs_period_reaches_the_operator_as_its_own_setting() -> None:
+    params = parse("operator", operator_argv(render({"operator": {"cfsPeriod": "50ms"}}))[2:])
+    assert params["cfs_period"] == "50ms"
 
 
 @pytest.mark.parametrize("namespaces", [[], ["shop", "pay"]], ids=["cluster-wide", "namespaced"])

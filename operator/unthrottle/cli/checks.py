@@ -14,9 +14,12 @@ import re
 import tempfile
 from pathlib import Path
 
+from unthrottle.cfs.settings import MAX_PERIOD_US, MIN_PERIOD_US
 from unthrottle.cli.common import fail
 from unthrottle.model.durations import parse_duration
 
+_PERIOD = re.compile(r"^(\d+(?:\.\d+)?)(us|ms|s)$", re.ASCII)
+_PERIOD_UNIT_US = {"us": 1, "ms": 1000, "s": 1_000_000}
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(
     r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -49,6 +52,20 @@ def duration(text: str, option: str, *, at_least_s: int = 1) -> int:
     if seconds < at_least_s:
         raise fail(f"{option}: {text!r} is shorter than {at_least_s} s", 2)
     return seconds
+
+
+def cfs_period(text: str, option: str) -> int:
+    """A CFS period as the kubelet's ``--cpu-cfs-quota-period`` takes it (``100ms``,
+    ``50ms``, ``1s``, ``2500us``), in whole µs within the kernel's 1 ms … 1 s."""
+    found = _PERIOD.match(text)
+    if found is None:
+        raise fail(f"{option}: {text!r} is not a period such as 100ms, 50ms or 1s", 2)
+    micros = float(found.group(1)) * _PERIOD_UNIT_US[found.group(2)]
+    if not MIN_PERIOD_US <= micros <= MAX_PERIOD_US:
+        raise fail(f"{option}: {text} is outside the kernel's range of 1ms to 1s", 2)
+    if not micros.is_integer():
+        raise fail(f"{option}: {text} is not a whole number of microseconds", 2)
+    return int(micros)
 
 
 def names(values: list[str] | None, option: str, what: str = "namespace") -> tuple[str, ...]:

@@ -75,6 +75,15 @@ def operator_command(
     bearer_token: BearerToken = None,
     basic_auth: BasicAuth = None,
     retries: Retries = 3,
+    cfs_period: Annotated[
+        str,
+        typer.Option(
+            "--cfs-period",
+            envvar="UNTHROTTLE_CFS_PERIOD",
+            help="The kubelets' --cpu-cfs-quota-period (1ms-1s), for containers without the "
+            "node agent's series; where they exist, each container's own period is used.",
+        ),
+    ] = "100ms",
 ) -> None:
     """Run the operator: keep a recommendation per Deployment in each ThrottlePolicy's status."""
     from unthrottle.operator.runner import RunOptions, run
@@ -89,6 +98,7 @@ def operator_command(
     checks.whole(status_max_workloads, "--status-max-workloads", 1, 1000,
                  " (a status must stay far below etcd's 1.5 MiB object limit)")  # fmt: skip
     namespaces = checks.names(namespace, "--namespace")
+    period_us = checks.cfs_period(cfs_period, "--cfs-period")
     live = None
     if liveness is not None:
         host, port = _host_port("--liveness", liveness)
@@ -104,6 +114,7 @@ def operator_command(
         prometheus=config,
         namespaces=namespaces,
         status_max_workloads=status_max_workloads,
+        cfs_period_us=period_us,
     )
     json_logs = (log_format or ("text" if sys.stderr.isatty() else "json")) == "json"
     run(settings, RunOptions(liveness=live, metrics=served, peering=peering,

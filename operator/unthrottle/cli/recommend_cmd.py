@@ -110,9 +110,10 @@ def _cpu(value: str, option: str) -> int:
 
 def _request(*, window: str, target: float, strategy: Strategy, namespace: list[str] | None,
              selector: str, history: str, concurrency: int, jobs: int | None,
-             top: int | None, bounds: dict[str, Any]) -> ScanRequest:  # fmt: skip
+             top: int | None, cfs_period: str, bounds: dict[str, Any]) -> ScanRequest:  # fmt: skip
     """The scan request, every option in it checked and named when bad."""
     window_s = checks.duration(window, "--window", at_least_s=60)
+    period_us = checks.cfs_period(cfs_period, "--cfs-period")
     if history not in {"auto", "raw", "recorded"}:
         raise fail(f"--history: {history!r} is not auto, raw or recorded", 2)
     try:
@@ -141,6 +142,7 @@ def _request(*, window: str, target: float, strategy: Strategy, namespace: list[
         window_s=window_s, now=time.time(), policy=policy,
         namespaces=checks.names(namespace, "--namespace"), selector=wanted,
         history=History(history), concurrency=concurrency, jobs=jobs,
+        cfs_period_us=period_us, cfs_period_from="--cfs-period",
     )  # fmt: skip
 
 
@@ -267,6 +269,14 @@ def recommend_command(
         str,
         typer.Option(help="Give up after this long in all, e.g. 5m, 90s, 1h."),
     ] = "5m",
+    cfs_period: Annotated[
+        str,
+        typer.Option(
+            "--cfs-period",
+            help="The kubelets' --cpu-cfs-quota-period (1ms-1s), for containers without the "
+            "node agent's series; where they exist, each container's own period is used.",
+        ),
+    ] = "100ms",
 ) -> None:
     """Recommend CPU limits, burst and GOMAXPROCS for Deployments from Prometheus metrics."""
     config = prometheus_config(  # first: it hides the secrets from anything printed after
@@ -278,7 +288,7 @@ def recommend_command(
     checks.output_path(output, directory=fmt in DIRECTORY_FORMATS)
     request = _request(window=window, target=target, strategy=strategy, namespace=namespace,
                        selector=selector, history=history, concurrency=concurrency,
-                       jobs=jobs_option, top=top,
+                       jobs=jobs_option, top=top, cfs_period=cfs_period,
                        bounds={"headroom": headroom, "min_limit": min_limit,
                                "max_limit": max_limit, "max_step_up": max_step_up,
                                "max_step_down": max_step_down})  # fmt: skip

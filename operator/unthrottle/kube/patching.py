@@ -16,7 +16,7 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from unthrottle.cfs.settings import format_cpu, parse_cpu
+from unthrottle.cfs.settings import DEFAULT_PERIOD_US, format_cpu, parse_cpu
 from unthrottle.model.burst import (
     BURST_ANNOTATION,
     KOORDINATOR_ANNOTATION,
@@ -64,6 +64,14 @@ class ContainerChange:
     """GOMAXPROCS is ours to set: absent before, or set by an earlier record of ours."""
     env_absent: bool = False
     """The container had no ``env`` at all: a rollback removes the list we added."""
+    period_us: int = DEFAULT_PERIOD_US
+    """The container's CFS period (its node's kubelet setting): its quota is
+    ``limit × period / 1000`` µs, and a burst is sized against that."""
+
+    @property
+    def quota_us(self) -> int:
+        """The quota the new limit gives at the container's period, µs (0: no limit)."""
+        return (self.after.cpu_limit or 0) * self.period_us // 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,7 +296,7 @@ def plan(deployment: dict[str, Any], changes: list[ContainerChange], *, policy: 
     annotations = dict(template_meta.get("annotations") or {})
     key = before = after = None
     if any(c.after.burst_us != c.before.burst_us for c in changes):
-        quota = {c.name: (c.after.cpu_limit or 0) * 100 for c in changes}  # µs at 100 ms
+        quota = {c.name: c.quota_us for c in changes}
         key, before, after = _burst_value(annotations, changes, quota)
     containers = {c.get("name"): c for c in _containers(deployment)}
     changes = [replace(c, env_absent=containers.get(c.name, {}).get("env") is None)

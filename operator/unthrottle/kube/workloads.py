@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from unthrottle.cfs.settings import DEFAULT_PERIOD_US, parse_cpu
-from unthrottle.model.burst import BurstAnnotationError, burst_specs, spec_for
+from unthrottle.model.burst import BurstAnnotationError, BurstSpec, burst_specs, spec_for
 from unthrottle.model.owners import Owners
 from unthrottle.recommend.types import Runtime
 
@@ -39,7 +39,18 @@ class ContainerSpec:
     runtime: Runtime = Runtime.UNKNOWN
     gomaxprocs_env: int | None = None
     burst_us: int = 0
-    """The burst the pod template's annotation asks for, resolved against the limit."""
+    """The burst the pod template's annotation asks for, resolved against the limit's quota
+    at the kubelet's default 100 ms period (:meth:`burst_at` for another period)."""
+    burst: BurstSpec | None = None
+    """What the annotation asks for, before it is resolved (None: no annotation)."""
+
+    def burst_at(self, period_us: int) -> int:
+        """The burst the annotation gives at this CFS period, µs: a share of the quota is a
+        share of ``limit × period``, and a burst above that quota is clamped to it, as the
+        agent writes it on the node."""
+        if self.burst is None or self.limit_millicores is None:
+            return 0
+        return self.burst.resolve(self.limit_millicores * period_us // 1000)[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,8 +113,8 @@ def _with_burst(
         return spec
     if wanted is None or spec.limit_millicores is None:
         return spec
-    burst_us, _ = wanted.resolve(spec.limit_millicores * DEFAULT_PERIOD_US // 1000)
-    return replace(spec, burst_us=burst_us)
+    spec = replace(spec, burst=wanted)
+    return replace(spec, burst_us=spec.burst_at(DEFAULT_PERIOD_US))
 
 
 def _owner(meta: dict[str, Any], kind: str) -> str | None:

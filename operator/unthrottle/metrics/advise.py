@@ -22,16 +22,18 @@ PARALLEL_FROM = 64
 """Fewer containers than this are done here: starting workers costs about a second."""
 
 Job = tuple[ContainerEvidence, Current, Policy, int]
-"""A container's evidence, today's settings, the policy, and the window in seconds."""
+"""A container's evidence, today's settings (its CFS period among them), the policy, and
+the window in seconds."""
 
 
 def advise(job: Job) -> Recommendation | None:
-    """One container's recommendation, or None without evidence."""
+    """One container's recommendation, or None without evidence; the evidence is read at
+    the container's own CFS period (``current.period_us``)."""
     item, current, policy, window_s = job
     if item.kind == "period":
-        return recommend(item.period_evidence(), current, policy)
+        return recommend(item.period_evidence(current.period_us), current, policy)
     if item.kind == "counters":
-        return recommend(item.counters(window_s), current, policy)
+        return recommend(item.counters(window_s, current.period_us), current, policy)
     return None
 
 

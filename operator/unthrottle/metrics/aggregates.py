@@ -20,10 +20,10 @@ container: the four counters' increases and the histogram's, per bucket.
 - **The window** at ``now`` is every grid slot whose end is after
   ``now − window``: it covers between the window and the window plus one slot
   (exactly the window right after the first read, whose spans are the slots).
-- **Settings** (limit, request) are the latest seen; the pods are those seen
-  in the window's slots, as a full-window read would count them. A container
-  is in the evidence while it was seen (any series, settings included) in a
-  slot of the window.
+- **Settings** (limit, request, the CFS periods the agent reports) are the
+  latest seen; the pods are those seen in the window's slots, as a full-window
+  read would count them. A container is in the evidence while it was seen (any
+  series, settings included) in a slot of the window.
 
 Numbers are float32, in memory as in the checkpoint, so a round trip is
 exact: 24 bits of mantissa are a relative error of 6·10⁻⁸ per addition, a
@@ -66,6 +66,8 @@ MIN_READ_S = 60
 
 _COUNTERS = ("usage_s", "periods", "throttled_periods", "throttled_s")
 _C = len(_COUNTERS)  # columns before the histogram's
+_PER_CONTAINER = ("_seen", "_pods", "_limits", "_requests", "_periods", "_changed")
+"""The lists with one entry per container (row)."""
 _MAGIC = b"UNTHRAGG"
 _FORMAT = 1
 _HEAD = struct.Struct(">8sHI")  # magic, format, CRC-32 of the compressed body
@@ -125,6 +127,8 @@ class WindowAggregates:
         """Each container's pods, and the last grid slot each was seen in."""
         self._limits: list[int | None] = []
         self._requests: list[int] = []
+        self._periods: list[list[int]] = []
+        """The CFS periods (µs) the agent last reported for each container, ascending."""
         self._changed: list[int] = []
         """The version at which each container's evidence last changed."""
 
@@ -243,6 +247,7 @@ class WindowAggregates:
                 buckets=buckets,
                 limit_millicores=self._limits[row],
                 request_millicores=self._requests[row],
+                agent_periods_us=set(self._periods[row]),
             )
         return found
 
@@ -297,6 +302,7 @@ class WindowAggregates:
             self._pods.append({})
             self._limits.append(None)
             self._requests.append(0)
+            self._periods.append([])
             self._changed.append(self._version)
             if self._present.shape[0] <= row:
                 grown = np.zeros((max(16, 2 * row), len(self._bounds)), dtype=bool)
@@ -352,6 +358,10 @@ class WindowAggregates:
             settings = (item.limit_millicores, item.request_millicores)
             changed = changed or settings != (self._limits[row], self._requests[row])
             self._limits[row], self._requests[row] = settings
+        if item.agent_periods_us:
+            periods = sorted(item.agent_periods_us)
+            changed = changed or periods != self._periods[row]
+            self._periods[row] = periods
         return changed
 
     def _compact(self, keep: list[int]) -> None:
@@ -361,7 +371,7 @@ class WindowAggregates:
             self._slots[slot] = self._rows_of(matrix, n)[index]
         self._keys = [self._keys[r] for r in keep]
         self._rows = {key: row for row, key in enumerate(self._keys)}
-        for name in ("_seen", "_pods", "_limits", "_requests", "_changed"):
+        for name in _PER_CONTAINER:
             values = getattr(self, name)
             setattr(self, name, [values[r] for r in keep])
         self._present = self._present[index]
@@ -386,6 +396,7 @@ class WindowAggregates:
             "pods": self._pods,
             "limits": self._limits,
             "requests": self._requests,
+            "periods": self._periods,
             "changed": self._changed,
             "slots": indices,
             "values": [len(v) for v in values],
@@ -443,7 +454,8 @@ class WindowAggregates:
         out._keys = [WorkloadKey(str(a), str(b), str(c)) for a, b, c in head["keys"]]
         out._rows = {key: row for row, key in enumerate(out._keys)}
         n, columns = len(out._keys), int(head["columns"])
-        for name in ("seen", "pods", "limits", "requests", "changed"):
+        head.setdefault("periods", [[] for _ in range(n)])  # written before periods were kept
+        for name in ("seen", "pods", "limits", "requests", "periods", "changed"):
             if not isinstance(head[name], list) or len(head[name]) != n:
                 raise CheckpointError(f"checkpoint unreadable: {name} for {n} containers")
             setattr(out, f"_{name}", head[name])
@@ -491,8 +503,7 @@ class WindowAggregates:
             == (other.window_s, other.slot_s, other._origin_ms, other._read_ms, other._version)
             and self._keys == other._keys
             and self._bounds == other._bounds
-            and (self._seen, self._pods, self._limits, self._requests, self._changed)
-            == (other._seen, other._pods, other._limits, other._requests, other._changed)
+            and all(getattr(self, name) == getattr(other, name) for name in _PER_CONTAINER)
             and np.array_equal(self._present[:n], other._present[:n])
             and sorted(self._slots) == sorted(other._slots)
         )

@@ -7,7 +7,9 @@ pods:
 - the four CPU counters, increased over the window: cAdvisor's, or the agent's
   copies where cAdvisor has none;
 - the agent's demand histogram (``unthrottle_cpu_demand_cores_bucket``);
-- today's CPU limits and requests (``kube_pod_container_resource_*``).
+- today's CPU limits and requests (``kube_pod_container_resource_*``); the limits
+  query also brings the agent's CFS period gauge (``… or
+  unthrottle_cpu_cfs_period_seconds``), which costs no query of its own.
 
 :func:`fetch` sends them as instant queries over the window; the same batch
 sent as range queries gives the evidence span by span
@@ -31,10 +33,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple, Protocol, TypeVar
 
-from unthrottle.cfs.settings import DEFAULT_PERIOD_US
+from unthrottle.cfs.settings import DEFAULT_PERIOD_US, MAX_PERIOD_US, MIN_PERIOD_US
 from unthrottle.metrics.promql import (
     BY_CONTAINER,
     CONTAINERS,
+    PERIOD_GAUGE,
     RECORDED,
     duration,
     namespaces_matcher,
@@ -77,6 +80,10 @@ class ContainerEvidence:
     """An explicit GOMAXPROCS in the container's environment (cluster mode only)."""
     burst_us: int = 0
     """The burst its pod template asks for (cluster mode only)."""
+    agent_periods_us: set[int] = field(default_factory=set)
+    """The CFS periods (µs) the node agent reports for its pods now
+    (``unthrottle_cpu_cfs_period_seconds``): one, or several when its pods run on nodes
+    whose kubelets' ``--cpu-cfs-quota-period`` differ; empty without the agent."""
 
     @property
     def kind(self) -> str:
@@ -198,7 +205,10 @@ def batch_queries(
         out["replicaset_owners"] = f"last_over_time({rs}[{owners_window}])"
         out["pod_owners"] = f"last_over_time({pods}[{owners_window}])"
     out.update(evidence)
-    out["limits"] = selector("kube_pod_container_resource_limits", ns, 'resource="cpu"')
+    # the agent's period gauge rides along with the limits (told apart by metric name):
+    # the two never share a label set, since kube-state-metrics' has a resource label
+    limits = selector("kube_pod_container_resource_limits", ns, 'resource="cpu"')
+    out["limits"] = f"{limits} or {selector(PERIOD_GAUGE, ns, *CONTAINERS)}"
     out["requests"] = selector("kube_pod_container_resource_requests", ns, 'resource="cpu"')
     return out
 
@@ -373,6 +383,14 @@ def _bound(le: str | None) -> float | None:
         return None
 
 
+def _period_us(seconds: float) -> int | None:
+    """The agent's period gauge in whole µs; None for a value no kernel would have."""
+    if not math.isfinite(seconds):
+        return None
+    period = round(seconds * 1e6)
+    return period if MIN_PERIOD_US <= period <= MAX_PERIOD_US else None
+
+
 Points = tuple[dict[str, str], Sequence[int], Sequence[float]]
 """A series' labels, the steps (0, 1, …) of the evaluation at which it has a value, and
 those values: one step for an instant query, ``steps`` for a range query."""
@@ -442,6 +460,12 @@ def gather(
     for name, attr in (("limits", "limit_millicores"), ("requests", "request_millicores")):
         for labels, at, values in answer(name):
             items = evidence(labels, at)
+            if labels.get("__name__") == PERIOD_GAUGE:
+                for item, value in zip(items or (), values, strict=False):
+                    period = _period_us(value)
+                    if period is not None:
+                        item.agent_periods_us.add(period)
+                continue
             for item, value in zip(items or (), values, strict=False):
                 if math.isfinite(value):
                     # the largest across pods: a rollout in progress may mix old and new values

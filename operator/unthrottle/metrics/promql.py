@@ -64,6 +64,9 @@ AGENT_COUNTERS = {
     "container_cpu_cfs_throttled_seconds_total": "unthrottle_cpu_cfs_throttled_seconds_total",
 }
 """cAdvisor's counters and the agent's copies of the same ``cpu.stat`` fields."""
+PERIOD_GAUGE = "unthrottle_cpu_cfs_period_seconds"
+"""The agent's gauge of each container's CFS period (the node's kubelet
+``--cpu-cfs-quota-period``); cAdvisor exports none."""
 
 
 def duration(window_s: int) -> str:

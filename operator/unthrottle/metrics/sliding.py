@@ -67,6 +67,7 @@ def _combine(a: ContainerEvidence, b: ContainerEvidence, sign: float) -> Contain
     out.limit_millicores = a.limit_millicores if a.limit_millicores is not None else (
         b.limit_millicores)  # fmt: skip
     out.request_millicores = a.request_millicores or b.request_millicores
+    out.agent_periods_us = set(a.agent_periods_us or b.agent_periods_us)
     return out
 
 

@@ -103,7 +103,8 @@ def _gomaxprocs_env(container: dict[str, Any]) -> tuple[bool, int | None]:
 def changes_for(workload: WorkloadResult, raw: dict[str, Any], spec: ThrottlePolicySpec,
                 previous: Record | None) -> list[ContainerChange]:  # fmt: skip
     """The containers whose recommendation changes something, as valid changes only:
-    never a limit below the request, a quota under 1 ms or a burst above the quota."""
+    never a limit below the request, a quota under 1 ms or a burst above the quota, each
+    at the container's own CFS period (the kubelet writes ``limit × period / 1000`` µs)."""
     containers = {c.get("name"): c for c in raw["spec"]["template"]["spec"].get("containers", [])}
     ours_before = {c.name: c.after.gomaxprocs for c in (previous.containers if previous else ())}
     out = []
@@ -112,19 +113,21 @@ def changes_for(workload: WorkloadResult, raw: dict[str, Any], spec: ThrottlePol
         if rec is None or not c.managed or rec.limit_millicores is None or c.name not in containers:
             continue
         limit = max(rec.limit_millicores, c.request_millicores)
-        burst = min(rec.burst_us, limit * 100) if spec.burst.enabled else c.burst_us
+        quota = limit * rec.period_us // 1000
+        burst = min(rec.burst_us, quota) if spec.burst.enabled else c.burst_us
         present, env_value = _gomaxprocs_env(containers[c.name])
         ours = not present or (env_value is not None and ours_before.get(c.name) == env_value)
         gomaxprocs = env_value
         if spec.processors.enabled and rec.gomaxprocs is not None and ours:
             gomaxprocs = rec.gomaxprocs
-        if limit * 100 < MIN_QUOTA_US or burst > limit * 100:
+        if quota < MIN_QUOTA_US or burst > quota:
             continue  # never an invalid patch (the engine does not produce these)
         before = Settings(c.limit_millicores, c.burst_us, env_value)
         after = Settings(limit, burst, gomaxprocs)
         if before != after:
             out.append(ContainerChange(c.name, before, after, c.throttle_ratio,
-                                       rec.expected_throttle_ratio, ours))  # fmt: skip
+                                       rec.expected_throttle_ratio, ours,
+                                       period_us=rec.period_us))  # fmt: skip
     return out
 
 

@@ -127,6 +127,8 @@ class Reconciler:
             namespaces=(namespace,), selector=spec.label_selector(),
             containers=frozenset(spec.containers) if spec.containers else None,
             concurrency=self.settings.concurrency, jobs=self.settings.jobs,
+            cfs_period_us=self.settings.cfs_period_us,
+            cfs_period_from="the operator's --cfs-period",
         )  # fmt: skip
         try:
             selection = self._timed("select", body, lambda: select(request, self.workloads,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from unthrottle.cfs.settings import DEFAULT_PERIOD_US
 from unthrottle.metrics.source import PrometheusConfig
 from unthrottle.scan.reuse import ReuseSettings
 
@@ -44,3 +45,7 @@ class OperatorSettings:
     """When a container's last recommendation is kept rather than recomputed."""
     api_timeout_s: float = 30.0
     """Every Kubernetes API call's timeout."""
+    cfs_period_us: int = DEFAULT_PERIOD_US
+    """The CFS period, µs, of containers the node agent reports none for: the kubelets'
+    ``--cpu-cfs-quota-period`` (100 ms, Kubernetes' default). A node fact, not a policy's:
+    where the agent's series exist, each container's own period is used instead."""

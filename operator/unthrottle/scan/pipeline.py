@@ -9,7 +9,7 @@ so the engine runs only where evidence changed.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from unthrottle.kube.workloads import ContainerSpec, DeploymentInfo, WorkloadStore
 from unthrottle.metrics.advise import Job, advise_all
@@ -120,11 +120,38 @@ def gather(
     return found, problems
 
 
+def _ms(us: int) -> str:
+    return f"{us / 1000:g} ms"
+
+
+def period_of(request: ScanRequest, item: ContainerEvidence) -> tuple[int, str]:
+    """A container's CFS period, µs, and where it comes from, for people.
+
+    The node agent's, where it reports one for the container's pods; when they run on
+    nodes whose kubelets differ, the largest (the agent clamps a burst to each node's own
+    quota, so sizing at the largest never asks a node for less than it can take). Else
+    the request's (``--cfs-period``): cAdvisor's counters carry no period."""
+    seen = sorted(item.agent_periods_us)
+    if not seen:
+        return request.cfs_period_us, f"from {request.cfs_period_from} (no agent series)"
+    if len(seen) == 1:
+        return seen[0], "from the node agent"
+    return seen[-1], (f"the largest the node agent reports for its pods "
+                      f"({', '.join(_ms(p) for p in seen)})")  # fmt: skip
+
+
+def period_reason(request: ScanRequest, item: ContainerEvidence) -> str:
+    """``CFS period 50 ms, from the node agent``: the first of a recommendation's reasons."""
+    period, source = period_of(request, item)
+    return f"CFS period {_ms(period)}, {source}"
+
+
 def _merged(
-    selection: Selection, found: dict[WorkloadKey, ContainerEvidence]
+    request: ScanRequest, selection: Selection, found: dict[WorkloadKey, ContainerEvidence]
 ) -> dict[WorkloadKey, ContainerEvidence]:
     """The selected containers' evidence with the API's settings; selected Deployments with
-    no series yet are listed too."""
+    no series yet are listed too. A burst annotation is resolved at the container's CFS
+    period, as the agent resolves it on its node."""
     if selection.chosen is not None:
         found = {k: v for k, v in found.items() if (k.namespace, k.deployment) in selection.chosen}
     for key, spec in selection.specs.items():
@@ -133,7 +160,8 @@ def _merged(
             spec.limit_millicores,
             spec.request_millicores,
         )
-        item.gomaxprocs_env, item.burst_us = spec.gomaxprocs_env, spec.burst_us
+        item.gomaxprocs_env = spec.gomaxprocs_env
+        item.burst_us = spec.burst_at(period_of(request, item)[0])
     if selection.deployments is not None:  # the API is the truth: Deployments gone are gone
         found = {
             k: v for k, v in found.items() if (k.namespace, k.deployment) in selection.deployments
@@ -162,17 +190,37 @@ def _problems(
     if not any(item.kind == "period" for item in found.values()):
         return [Problem(ProblemKind.COUNTERS_ONLY,
             "no unthrottle agent series; recommending from cAdvisor counters "
-            "(coarse: 15-60 s samples cannot show 100 ms bursts)")]  # fmt: skip
-    return []
+            "(coarse: 15-60 s samples cannot show 100 ms bursts), at a CFS period of "
+            f"{_ms(request.cfs_period_us)} ({request.cfs_period_from})")]  # fmt: skip
+    return _mixed_periods(found)
+
+
+def _mixed_periods(found: dict[WorkloadKey, ContainerEvidence]) -> list[Problem]:
+    """One warning naming the Deployments whose pods' nodes have different CFS periods."""
+    mixed: dict[tuple[str, str], set[int]] = {}
+    for key, item in found.items():
+        if len(item.agent_periods_us) > 1:
+            mixed.setdefault((key.namespace, key.deployment), set()).update(item.agent_periods_us)
+    if not mixed:
+        return []
+    named = [f"{ns}/{name} ({', '.join(_ms(p) for p in sorted(periods))})"
+             for (ns, name), periods in sorted(mixed.items())]  # fmt: skip
+    more = f" and {len(named) - 5} more" if len(named) > 5 else ""
+    return [Problem(ProblemKind.MIXED_PERIODS,
+        f"pods of {len(named)} Deployments run on nodes with different CFS periods (the "
+        f"kubelet's --cpu-cfs-quota-period): {', '.join(named[:5])}{more}; each is sized "
+        "at its largest period, and the agent clamps a burst to each node's quota")]  # fmt: skip
 
 
 def current_of(
     request: ScanRequest, item: ContainerEvidence, spec: ContainerSpec | None
 ) -> Current:
-    """A container's settings today, as the engine takes them."""
+    """A container's settings today, as the engine takes them (its CFS period from
+    :func:`period_of`)."""
     return Current(
         item.limit_millicores,
         min(item.request_millicores, item.limit_millicores or 10**9),
+        period_us=period_of(request, item)[0],
         runtime=spec.runtime if spec else Runtime.UNKNOWN,
         go_at_least_1_25=request.go_at_least_1_25,
         gomaxprocs_env=item.gomaxprocs_env,
@@ -187,7 +235,8 @@ def _advise(
     cache: EngineCache | None,
     skip: frozenset[tuple[str, str]],
 ) -> dict[WorkloadKey, Recommendation | None]:
-    """Recommendations for the managed containers; kept ones from the cache."""
+    """Recommendations for the managed containers; kept ones from the cache. Each one's
+    first reason says the CFS period it was made at, and where that came from."""
     recs: dict[WorkloadKey, Recommendation | None] = {}
     jobs: list[Job] = []
     pending: list[tuple[WorkloadKey, Current]] = []
@@ -200,17 +249,22 @@ def _advise(
         if cache is not None:
             kept, rec = cache.reusable(key, item, current, request.policy)
             if kept:
-                recs[key] = rec
+                recs[key] = _noted(rec, period_reason(request, item))
                 continue
         jobs.append((item, current, request.policy, request.window_s))
         pending.append((key, current))
     for (key, current), rec in zip(pending, advise_all(jobs, request.jobs), strict=True):
-        recs[key] = rec
-        if cache is not None:
+        recs[key] = _noted(rec, period_reason(request, found[key]))
+        if cache is not None:  # the engine's own: the source of the period may change alone
             cache.keep(key, found[key], current, request.policy, rec)
     if cache is not None:
         cache.forget_except(set(found))
     return recs
+
+
+def _noted(rec: Recommendation | None, reason: str) -> Recommendation | None:
+    """The recommendation with ``reason`` first (the last stays the one-line reason)."""
+    return None if rec is None else replace(rec, reasons=[reason, *rec.reasons])
 
 
 def assess(
@@ -226,7 +280,7 @@ def assess(
 
     Deployments in ``skip`` (opted out, or another policy's) are listed without
     recommendations."""
-    found = _merged(selection, found)
+    found = _merged(request, selection, found)
     problems = [*(problems or []), *_problems(request, selection, found)]
     fatal = any(p.kind in FATAL for p in problems)
     recs = {} if fatal else _advise(request, selection, found, cache, skip)
@@ -243,6 +297,7 @@ def assess(
             demand=item.demand_millicores(), recommendation=recs.get(key),
             managed=request.containers is None or key.container in request.containers,
             histogram=tuple(sorted(item.buckets.items())),
+            period_us=period_of(request, item)[0],
         ))  # fmt: skip
     for ns, name in selection.deployments or {}:
         grouped.setdefault((ns, name), [])  # a Deployment with no containers at all

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from unthrottle.cfs.settings import DEFAULT_PERIOD_US, MAX_PERIOD_US, MIN_PERIOD_US
 from unthrottle.metrics.evidence import CONCURRENCY
 from unthrottle.model.selector import Selector
 from unthrottle.recommend import Policy
@@ -43,6 +44,12 @@ class ScanRequest:
     go_at_least_1_25: bool = False
     """Go ≥ 1.25 sizes GOMAXPROCS from the limit itself. Unknown from outside the image, so
     an older Go is assumed."""
+    cfs_period_us: int = DEFAULT_PERIOD_US
+    """The CFS period, µs, of containers the node agent reports none for (cAdvisor's
+    counters carry no period): the kubelets' ``--cpu-cfs-quota-period``, 100 ms unless
+    changed. Where the agent's series exist, each container's own period is used."""
+    cfs_period_from: str = "the default"
+    """Where :attr:`cfs_period_us` came from, as the reasons say it (``--cfs-period``)."""
 
     def __post_init__(self) -> None:
         if self.window_s < 1:
@@ -51,3 +58,6 @@ class ScanRequest:
             raise ValueError(f"concurrency: {self.concurrency} is below 1")
         if self.jobs is not None and self.jobs < 1:
             raise ValueError(f"jobs: {self.jobs} is below 1")
+        if not MIN_PERIOD_US <= self.cfs_period_us <= MAX_PERIOD_US:
+            raise ValueError(f"cfs_period: {self.cfs_period_us} µs is outside the kernel's "
+                             "range of 1 ms to 1 s")  # fmt: skip

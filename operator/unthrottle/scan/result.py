@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from unthrottle.cfs.settings import DEFAULT_PERIOD_US
 from unthrottle.recommend import Recommendation, Runtime
 
 
@@ -23,6 +24,8 @@ class ProblemKind(StrEnum):
     """No agent series: recommendations come from coarse counters."""
     RECORDED_SERIES = "RecordedSeries"
     """The recording rules' series were read (a note, not a fault)."""
+    MIXED_PERIODS = "MixedPeriods"
+    """A Deployment's pods run on nodes whose CFS periods differ: sized at the largest."""
 
 
 FATAL = frozenset({ProblemKind.NO_DEPLOYMENTS, ProblemKind.NO_COUNTERS})
@@ -59,6 +62,9 @@ class ContainerResult:
     histogram: tuple[tuple[float, float], ...] = ()
     """The agent's per-window demand histogram over the window: (upper bound in cores,
     cumulative windows), bounds ascending, ``inf`` last; empty without the agent's series."""
+    period_us: int = DEFAULT_PERIOD_US
+    """The CFS period it was assessed at, µs: the node agent's where it reports one, else
+    the request's (``--cfs-period``); the recommendation's reasons say which."""
 
     def harm(self, target: float) -> float:
         """Throttling × how far over the target: the order people should look in."""
@@ -75,8 +81,9 @@ class ContainerResult:
 
     def to_json(self) -> dict[str, Any]:
         """The container object of ``recommend --format json`` (fields may be added, never
-        removed)."""
-        return {
+        removed). ``period_us`` is there when it is not the default 100 ms, as the report
+        writes its fields."""
+        out: dict[str, Any] = {
             "name": self.name,
             "current": {
                 "limit_millicores": self.limit_millicores,
@@ -96,6 +103,9 @@ class ContainerResult:
                 for bound, count in self.histogram
             ],
         }
+        if self.period_us != DEFAULT_PERIOD_US:
+            out["period_us"] = self.period_us
+        return out
 
 
 @dataclass(frozen=True, slots=True)
