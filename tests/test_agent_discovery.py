@@ -81,3 +81,23 @@ def test_standalone_names_by_path_the_cgroups_with_a_quota_or_processes(tmp_path
         ("apps/web", "", "web", ""),
         ("apps/web/worker", "", "web/worker", ""),
     ]
+
+
+@pytest.mark.kernel
+def test_on_cgroupfs_the_walk_finds_cgroups_nested_at_any_depth(layout: Layout) -> None:
+    """The walk lists only directories that have subdirectories (link count above 2):
+    on the kernel's cgroupfs, nested cgroups are still all found."""
+    import os
+
+    from helpers import CgroupTree
+
+    root = f"unthrottle-test-walk-{os.getpid()}"
+    tree = CgroupTree(layout)
+    try:
+        tree.make(root)
+        for path in ("a", "a/b", "a/b/c", "a/b/c/d", "e"):
+            tree.make(f"{root}/{path}", 50_000)
+        found = discover_standalone(layout, root)
+        assert [f.pod for f in found] == ["a", "a/b", "a/b/c", "a/b/c/d", "e"]
+    finally:
+        tree.cleanup()

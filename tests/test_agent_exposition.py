@@ -118,6 +118,8 @@ def test_idle_windows_count_as_zero_and_nothing_is_lost_when_the_cgroup_runs(
         for _ in range(5):  # nothing runs: five windows of zero demand
             time.sleep(0.02)
             sampler.sample()
+        with sampler.lock:  # quiet windows are accounted when scraped (or when it runs)
+            sampler.snapshot()
         assert series.total == series.counts[0] == 5 and series.sum_cores == 0
         code = "import time\nend = time.monotonic() + 0.6\nwhile time.monotonic() < end: pass"
         child = subprocess.Popen([sys.executable, "-c", code])
@@ -132,6 +134,9 @@ def test_idle_windows_count_as_zero_and_nothing_is_lost_when_the_cgroup_runs(
         # every µs of usage + throttled time is in some window: none was skipped
         # (±1 µs: the agent rounds usage + throttled ns once, cpu.stat's figures each)
         assert abs(series.last_demand_us - (stat.usage_us + stat.throttled_us)) <= 1
+        with sampler.lock:
+            sampler.snapshot()
+        assert series.total == sampler.windows
         assert series.counts[0] >= 8  # the idle windows before and after
         assert series.sum_cores > 3  # about 1 core of demand in each busy window
     finally:

@@ -105,7 +105,9 @@ class TestDiscoveryOffTheSamplingThread:
         # was stretched over the hang and divided by its length.
         assert taken >= 25, taken
         assert (status, body) == (200, b"ok\n")
-        assert sampler.series["web"].total >= taken
+        with sampler.lock:  # as a scrape sees it: every window, the quiet ones too
+            (web,) = sampler.snapshot()
+        assert web.total >= taken
 
     def test_a_failing_discovery_is_logged_reported_and_tried_again(
         self, tmp_path: Path, sampler_of: list[Sampler], caplog: pytest.LogCaptureFixture
@@ -140,6 +142,25 @@ class TestDiscoveryOffTheSamplingThread:
             for thread in threads:
                 thread.join(5)
         assert any("discovery failed" in r.getMessage() for r in caplog.records)
+
+
+def test_the_sampling_thread_stops_soon_whatever_the_period(
+    tmp_path: Path, sampler_of: list[Sampler]
+) -> None:
+    layout = v1_tree(tmp_path)
+    v1_cgroup(tmp_path, "web")
+    settings = AgentSettings(period_ns=10_000_000_000, stop_within_s=0.05)  # 10 s windows
+    sampler = Sampler(layout, lambda known: found("web"), settings)
+    sampler_of.append(sampler)
+    stop = threading.Event()
+    sampling = threading.Thread(target=sampler.run, args=(stop,))
+    sampling.start()
+    time.sleep(0.2)
+    stopped_at = time.monotonic()
+    stop.set()
+    sampling.join(5)
+    assert not sampling.is_alive()
+    assert time.monotonic() - stopped_at < 1.0  # within a sleep of 50 ms, not the 10 s
 
 
 class TestHealth:
@@ -205,6 +226,11 @@ class TestHealth:
 
 
 class TestSettings:
+    def test_a_stop_delay_that_is_not_a_positive_duration_is_refused(self) -> None:
+        with pytest.raises(InvalidAgentSettings) as info:
+            AgentSettings(stop_within_s=0)
+        assert info.value.field == "stop_within_s"
+
     def test_a_peak_window_shorter_than_the_period_is_refused_naming_it(self) -> None:
         with pytest.raises(InvalidAgentSettings) as info:
             AgentSettings(period_ns=100_000_000, peak_window_s=0.05)
@@ -260,6 +286,8 @@ class TestQuietSubtreesAreNotRead:
         time.sleep(0.02)
         sampler.sample()
         assert series.last_demand_us == 20_500
+        with sampler.lock:  # a quiet read is accounted when scraped, or when it next runs
+            sampler.snapshot()
         assert series.total == 3
         # A quiet window again: gated, neither container is touched; a scrape still shows
         # every window of each, the skipped ones as zero demand.

@@ -147,3 +147,31 @@ def test_a_v2_cgroup_without_the_cpu_controller_has_usage_and_no_throttling(
         assert reader.demand() == 6_700
     finally:
         reader.close()
+
+
+@pytest.mark.parametrize("version", [Version.V1_JOINT, Version.V2], ids=["v1", "v2"])
+def test_the_bytes_of_the_usage_file_give_the_same_demand_as_reading_it(
+    tmp_path: Path, version: Version
+) -> None:
+    """A caller that reads the usage file itself (the agent's window loop) and hands the
+    bytes back gets what the reader would have read."""
+    import os
+
+    from unthrottle.cgroups.counters import CounterReader, usage_read_size
+
+    d = tmp_path / "web"
+    d.mkdir()
+    if version is Version.V2:
+        (d / "cpu.stat").write_text(
+            "usage_usec 5000\nuser_usec 3000\nsystem_usec 2000\n"
+            "nr_periods 3\nnr_throttled 1\nthrottled_usec 700\n"
+        )
+    else:
+        (d / "cpuacct.usage").write_text("5000400\n")
+        (d / "cpu.stat").write_text("nr_periods 3\nnr_throttled 1\nthrottled_time 700000\n")
+    reader = CounterReader(Layout(version, tmp_path, tmp_path), "web")
+    try:
+        data = os.pread(reader.usage_fd, usage_read_size(version), 0)
+        assert reader.demand_from(data) == reader.demand() == 5_700
+    finally:
+        reader.close()

