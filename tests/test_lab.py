@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -77,9 +78,18 @@ def test_lab_tune_runs_the_paced_batch_it_was_given(layout: Layout) -> None:
 
 
 @pytest.mark.kernel
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def _ignoring_sigint() -> None:  # pragma: no cover - runs in the child before exec
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize(
+    ("sig", "inherited"),
+    [(signal.SIGINT, None), (signal.SIGINT, _ignoring_sigint), (signal.SIGTERM, None)],
+    # a script's background command starts with SIGINT ignored (a shell without job control)
+    ids=["ctrl-c", "kill-int-from-a-script", "sigterm"],
+)
 def test_an_interrupted_lab_removes_its_cgroups_and_ends_its_workers(
-    layout: Layout, tmp_path: Path, sig: signal.Signals
+    layout: Layout, tmp_path: Path, sig: signal.Signals, inherited: Callable[[], None] | None
 ) -> None:
     long = tmp_path / "long.yaml"
     long.write_text(
@@ -88,7 +98,10 @@ def test_an_interrupted_lab_removes_its_cgroups_and_ends_its_workers(
     )
     before = worker_pids()
     proc = subprocess.Popen(
-        [str(UNTHROTTLE), "lab", "run", str(long)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [str(UNTHROTTLE), "lab", "run", str(long)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=inherited,  # noqa: PLW1509 - the test starts no threads before it
     )
     try:
         deadline = time.monotonic() + 10

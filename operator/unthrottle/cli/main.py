@@ -110,7 +110,11 @@ def _root(
 @contextmanager
 def _lab_session(command: str) -> Iterator[Layout]:
     """What every lab command needs: root, the cgroup layout, and SIGTERM handled like
-    Ctrl-C, so the lab's own cleanup runs; errors become messages and exit codes."""
+    Ctrl-C, so the lab's own cleanup runs; errors become messages and exit codes.
+
+    SIGINT is set to raise KeyboardInterrupt here, whatever was inherited: a script or a
+    shell without job control starts background commands with SIGINT ignored, and then
+    Python leaves it ignored, so ``kill -INT`` would not remove the run's cgroups."""
     if os.geteuid() != 0:
         raise fail(f"{command} creates cgroups and needs root", 1)
     try:
@@ -118,6 +122,7 @@ def _lab_session(command: str) -> Iterator[Layout]:
     except CgroupError as error:
         raise fail(str(error), 1) from None
     previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield layout
     except KeyboardInterrupt:
@@ -126,6 +131,7 @@ def _lab_session(command: str) -> Iterator[Layout]:
         raise fail(str(error), 1) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
 
 
 @lab_app.command("run")
