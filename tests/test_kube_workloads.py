@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from kmock_thread import KmockThread
+from unthrottle.cfs.settings import DEFAULT_PERIOD_US
 from unthrottle.kube.workloads import KubeWorkloadStore
 from unthrottle.recommend import Runtime
 
@@ -48,7 +49,8 @@ def test_containers_runtimes_labels_and_bursts_are_read(
     assert (c["api"].runtime, c["api"].gomaxprocs_env) == (Runtime.GO, 6)
     assert c["jvm"].runtime is Runtime.JVM and c["bare"].runtime is Runtime.UNKNOWN
     # 80 ms asked, 50 ms quota: clamped as the agent writes it; 10 % of 200 ms; no limit, none
-    assert (c["api"].burst_us, c["jvm"].burst_us, c["bare"].burst_us) == (50_000, 20_000, 0)
+    at_100ms = [c[name].burst_at(DEFAULT_PERIOD_US) for name in ("api", "jvm", "bare")]
+    assert at_100ms == [50_000, 20_000, 0]
     # a malformed annotation counts as no burst, and says why
-    assert found["bad"].containers["api"].burst_us == 0
+    assert found["bad"].containers["api"].burst_at(DEFAULT_PERIOD_US) == 0
     assert "shop/bad" in caplog.text and "'lots' is not a duration" in caplog.text

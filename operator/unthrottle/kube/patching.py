@@ -24,6 +24,7 @@ from unthrottle.model.burst import (
     BurstSpec,
     burst_specs,
 )
+from unthrottle.recommend.estimators import quota_of
 
 RECORD_ANNOTATION = "unthrottle.io/last-applied"
 RECORD_VERSION = 1
@@ -71,7 +72,7 @@ class ContainerChange:
     @property
     def quota_us(self) -> int:
         """The quota the new limit gives at the container's period, µs (0: no limit)."""
-        return (self.after.cpu_limit or 0) * self.period_us // 1000
+        return quota_of(self.after.cpu_limit or 0, self.period_us)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,9 +18,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from unthrottle.cfs.settings import DEFAULT_PERIOD_US, parse_cpu
+from unthrottle.cfs.settings import parse_cpu
 from unthrottle.model.burst import BurstAnnotationError, BurstSpec, burst_specs, spec_for
 from unthrottle.model.owners import Owners
+from unthrottle.recommend.estimators import quota_of
 from unthrottle.recommend.types import Runtime
 
 _log = logging.getLogger(__name__)
@@ -38,11 +39,10 @@ class ContainerSpec:
     request_millicores: int
     runtime: Runtime = Runtime.UNKNOWN
     gomaxprocs_env: int | None = None
-    burst_us: int = 0
-    """The burst the pod template's annotation asks for, resolved against the limit's quota
-    at the kubelet's default 100 ms period (:meth:`burst_at` for another period)."""
     burst: BurstSpec | None = None
-    """What the annotation asks for, before it is resolved (None: no annotation)."""
+    """What the pod template's annotation asks for, before it is resolved against the
+    container's quota, which depends on its node's CFS period (:meth:`burst_at`);
+    None: no annotation, or a malformed one."""
 
     def burst_at(self, period_us: int) -> int:
         """The burst the annotation gives at this CFS period, µs: a share of the quota is a
@@ -50,7 +50,7 @@ class ContainerSpec:
         agent writes it on the node."""
         if self.burst is None or self.limit_millicores is None:
             return 0
-        return self.burst.resolve(self.limit_millicores * period_us // 1000)[0]
+        return self.burst.resolve(quota_of(self.limit_millicores, period_us))[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,10 +111,7 @@ def _with_burst(
     except BurstAnnotationError as error:
         _log.warning("Deployment %s/%s: %s", meta.get("namespace"), meta.get("name"), error)
         return spec
-    if wanted is None or spec.limit_millicores is None:
-        return spec
-    spec = replace(spec, burst=wanted)
-    return replace(spec, burst_us=spec.burst_at(DEFAULT_PERIOD_US))
+    return spec if wanted is None else replace(spec, burst=wanted)
 
 
 def _owner(meta: dict[str, Any], kind: str) -> str | None:

@@ -48,6 +48,7 @@ from unthrottle.metrics.source import MetricsError, MetricsSource
 from unthrottle.model.policy import ThrottlePolicySpec
 from unthrottle.operator.gates import rollout, skip_reason
 from unthrottle.operator.status import State
+from unthrottle.recommend.estimators import quota_of
 from unthrottle.scan import ContainerResult, ScanResult, Selection, WorkloadResult
 
 _log = logging.getLogger("unthrottle.operator")
@@ -113,7 +114,7 @@ def changes_for(workload: WorkloadResult, raw: dict[str, Any], spec: ThrottlePol
         if rec is None or not c.managed or rec.limit_millicores is None or c.name not in containers:
             continue
         limit = max(rec.limit_millicores, c.request_millicores)
-        quota = limit * rec.period_us // 1000
+        quota = quota_of(limit, rec.period_us)
         burst = min(rec.burst_us, quota) if spec.burst.enabled else c.burst_us
         present, env_value = _gomaxprocs_env(containers[c.name])
         ours = not present or (env_value is not None and ours_before.get(c.name) == env_value)
