@@ -55,7 +55,6 @@ pytestmark = requires_prometheus
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
 POLICIES = "unthrottle.io/v1alpha1/throttlepolicies"
 HOUR = 3600
-END = int(time.time()) // 60 * 60
 
 FAST = replace(THROTTLED, namespace="fast", cfs_periods=(0.05,))
 """checkout's demand (bursts to 1.2 cores in one window in ten, under 500m) on nodes whose
@@ -111,6 +110,10 @@ class World:
     source: PrometheusSource
     api: Any
     kubeconfig: Path
+    end: int
+    """Where the history ends: when the fixture was built, so that ``recommend``, which
+    reads at the real time, still sees the agent's period gauge within Prometheus's 5
+    minute lookback however late in a long suite this module runs."""
 
     def store(self) -> KubeWorkloadStore:
         from kubernetes import client
@@ -118,7 +121,7 @@ class World:
         return KubeWorkloadStore(client.CoreV1Api(self.api), client.AppsV1Api(self.api))
 
     def scan(self, namespace: str, **changes: Any) -> ScanResult:
-        request = ScanRequest(window_s=HOUR, now=END, namespaces=(namespace,), **changes)
+        request = ScanRequest(window_s=HOUR, now=self.end, namespaces=(namespace,), **changes)
         return scan(request, self.source, self.store())
 
     def reconciler(self, *, apply: bool = False, **settings: Any) -> Reconciler:
@@ -127,7 +130,7 @@ class World:
         return Reconciler(config, metrics=self.source, workloads=self.store(), objects=objects,
                           evidence=IncrementalReader(self.source, objects),
                           deployments=KubeDeployments(self.api) if apply else None,
-                          clock=lambda: END)  # fmt: skip
+                          clock=lambda: self.end)  # fmt: skip
 
     def policy(self, namespace: str, name: str, **spec: Any) -> dict[str, Any]:
         self.kube.create(POLICIES, {"apiVersion": "unthrottle.io/v1alpha1",
@@ -142,8 +145,9 @@ class World:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     folder = tmp_path_factory.mktemp("period")
-    history = openmetrics([FAST, SLOW, MIXED, STAGED], END, span=2 * HOUR)
-    history += coarse_counters(END) + limits(MIXED, END)
+    end = int(time.time()) // 60 * 60
+    history = openmetrics([FAST, SLOW, MIXED, STAGED], end, span=2 * HOUR)
+    history += coarse_counters(end) + limits(MIXED, end)
     with KubeEmulator() as kube, PrometheusServer(folder, openmetrics=history) as prom:
         for w in (FAST, SLOW, STAGED):
             put(kube, w, HALF_QUOTA)
@@ -151,7 +155,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
             put(kube, w, {})
         kubeconfig = kube.kubeconfig(folder / "kubeconfig")
         yield World(kube, PrometheusSource(PrometheusConfig(prom.url, retries=0)),
-                    kube.api_client(kubeconfig), kubeconfig)  # fmt: skip
+                    kube.api_client(kubeconfig), kubeconfig, end)  # fmt: skip
 
 
 def only(result: ScanResult) -> ContainerResult:
@@ -205,12 +209,14 @@ def test_pods_on_nodes_with_different_periods_are_sized_at_the_largest_and_said_
 def test_the_period_rides_in_the_limits_query_so_the_batch_is_no_bigger(world: World) -> None:
     owners = world.store().pod_owners(["mixed"])
     before = world.source.queries
-    found = fetch(world.source, ["mixed"], HOUR, at=END, owners=owners)
+    found = fetch(world.source, ["mixed"], HOUR, at=world.end, owners=owners)
     assert world.source.queries - before == 7  # with owners from the API, as ever
     assert [(i.agent_periods_us, i.limit_millicores) for i in found.values()] == [
         ({50_000, 100_000}, 500)]  # fmt: skip
     before = world.source.queries  # the operator's range queries: a period at every step
-    slots = fetch_slots(world.source, ["mixed"], END - HOUR, END, slot_s=1200, owners=owners)
+    slots = fetch_slots(
+        world.source, ["mixed"], world.end - HOUR, world.end, slot_s=1200, owners=owners
+    )
     assert world.source.queries - before == 7
     assert [[i.agent_periods_us for i in s.evidence.values()] for s in slots] == [
         [{50_000, 100_000}]] * 3  # fmt: skip
@@ -269,7 +275,7 @@ def test_the_operator_reads_counters_at_its_own_setting_and_the_agents_period_as
     world: World,
 ) -> None:
     reconciler = world.reconciler(cfs_period_us=50_000)
-    reconciler.clock = lambda: END - 1200
+    reconciler.clock = lambda: world.end - 1200
     for namespace in ("coarse", "fast"):
         body = world.policy(namespace, "p")
         assert reconciler.reconcile(body).fault is None
@@ -279,7 +285,7 @@ def test_the_operator_reads_counters_at_its_own_setting_and_the_agents_period_as
         "CFS period 50 ms, from the operator's --cfs-period (no agent series)"
     )
     # later reconciles read only what is new (range queries), and keep the agent's period
-    reconciler.clock = lambda: END
+    reconciler.clock = lambda: world.end
     body = world.kube.get(POLICIES, "fast", "p")
     assert body is not None and reconciler.reconcile(body).fault is None
     assert "head" in [r.kind for r in reconciler.evidence.reads]  # type: ignore[attr-defined]
