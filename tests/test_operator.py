@@ -10,7 +10,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -29,6 +29,7 @@ BATCH = Workload("shop", "batch", 0.1, 0.10, 1.2, 0.5, 1, {"team": "data"})
 FRONTEND = Workload("web", "frontend", 0.1, 0.10, 1.2, 0.5, 1, {"team": "web"})
 SHOP = [THROTTLED, HEALTHY, IGNORED, BATCH, FRONTEND]
 DEADLINE = 60.0
+T = TypeVar("T")
 
 
 class Running:
@@ -45,25 +46,38 @@ class Running:
                                     "metadata": {"namespace": namespace, "name": name},
                                     "spec": spec})  # fmt: skip
 
-    def status_when(self, namespace: str, name: str,
-                    check: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:  # fmt: skip
+    def _until(self, what: str, read: Callable[[], T], check: Callable[[T], bool]) -> T:
         deadline = time.monotonic() + DEADLINE
-        status: dict[str, Any] = {}
+        found = read()
         while time.monotonic() < deadline:
-            obj = self.kube.get(POLICIES, namespace, name)
-            status = (obj or {}).get("status") or {}
+            found = read()
             try:
-                if check(status):
-                    return status
+                if check(found):
+                    return found
             except (KeyError, TypeError, StopIteration):
                 pass
             time.sleep(0.2)
-        raise AssertionError(f"status of {namespace}/{name} never matched: {status}\n"
+        raise AssertionError(f"{what} never matched: {found}\n"
                              f"operator log:\n{self.log.read_text()[-4000:]}")  # fmt: skip
+
+    def status_when(self, namespace: str, name: str,
+                    check: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:  # fmt: skip
+        def status() -> dict[str, Any]:
+            return (self.kube.get(POLICIES, namespace, name) or {}).get("status") or {}
+
+        return self._until(f"status of {namespace}/{name}", status, check)
 
     def events(self, namespace: str, name: str) -> list[dict[str, Any]]:
         return [e for e in self.kube.list("v1/events", namespace)
                 if e.get("involvedObject", {}).get("name") == name]  # fmt: skip
+
+    def events_when(
+        self, namespace: str, name: str, check: Callable[[list[dict[str, Any]]], bool]
+    ) -> list[dict[str, Any]]:
+        """The policy's events once ``check`` holds: the operator posts them after the
+        status it writes, so a reader that saw the status may be early for them."""
+        return self._until(f"events of {namespace}/{name}",
+                           lambda: self.events(namespace, name), check)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -154,8 +168,8 @@ def test_a_policy_gets_status_events_and_a_report_and_nothing_is_patched(
     schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
     assert _undeclared(status, schema) == []
     # a summary event on the policy
-    assert any(e["reason"] == "Recommended" and e["type"] == "Normal"
-               for e in running.events("shop", "pay"))  # fmt: skip
+    running.events_when("shop", "pay", lambda events: any(
+        e["reason"] == "Recommended" and e["type"] == "Normal" for e in events))  # fmt: skip
     # the report ConfigMap, owned by the policy
     report = running.kube.get("v1/configmaps", "shop", "pay-report")
     assert report is not None
