@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo demo-lab test check bench clean venv prometheus victoria-metrics browser
+.PHONY: demo demo-lab test check bench clean venv prometheus victoria-metrics browser controlplane
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "unthrottle needs Python >= 3.11: install python3.11 (or newer) and run make again, or say PYTHON=/path/to/python3.11"; exit 1; }
@@ -27,7 +27,7 @@ venv: $(STAMP)
 ## The local demo: the whole loop on this kernel (root) — workloads in kubelet-like cgroups,
 ## the agent, a real Prometheus, the operator (Recommend, then Apply) against the Kubernetes
 ## emulator, the patched limits written back, before / after measured, the HTML report.
-demo: $(STAMP) prometheus browser
+demo: $(STAMP) prometheus browser controlplane
 	$(BIN)/python demo/loop.py
 
 ## The earlier demos: the seed scenarios on this kernel and the model's prediction of them,
@@ -70,8 +70,15 @@ browser:
 	      apt-get install -y -qq --no-install-recommends chromium >/dev/null; \
 	  else echo "chromium is not installed and this is not root: the browser tests will be skipped"; fi; }
 
+## The real Kubernetes control plane the tests and the demo start: kube-apiserver,
+## kube-controller-manager, kube-scheduler and kubectl from k8s.io/kubernetes, etcd and kwok,
+## built with Go from the module in controlplane/ into ~/.cache/unthrottle (outside the work
+## tree; $$UNTHROTTLE_CACHE moves it), and reused while go.mod, go.sum and Go are unchanged.
+controlplane: $(STAMP)
+	$(BIN)/python -m unthrottle.devtools.kube build >/dev/null
+
 ## Lint, types, architecture contracts, then the whole test suite.
-test: $(STAMP) prometheus victoria-metrics browser check
+test: $(STAMP) prometheus victoria-metrics browser controlplane check
 	$(BIN)/pytest
 
 check: $(STAMP)

@@ -4,6 +4,9 @@ checks, and the markers that skip by themselves.
 - ``kernel``: skipped, with the reason, without root or a cgroup CPU controller;
 - ``cluster``: the real-cluster suite is opt-in, skipped unless
   ``UNTHROTTLE_TEST_CLUSTER=1`` (see ``tests/test_real_cluster.py``).
+
+The real control plane (``control_plane``, ``kube``): one per run, started on first use
+(tests/kube.py); each test that asks for ``kube`` gets a namespace of its own.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from kube import Kube, fresh_name
 from unthrottle.cgroups import CgroupError, Layout, detect_layout
+from unthrottle.devtools.kube import BuildError, ControlPlane, ensure_built
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = sorted((ROOT / "scenarios").glob("seed-*.yaml"))
@@ -96,3 +101,45 @@ def layout() -> Iterator[Layout]:
     yield KERNEL_LAYOUT
     left = lab_cgroups(KERNEL_LAYOUT) - before
     assert not left, f"cgroups left behind: {sorted(map(str, left))}"
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """The real control plane, built from its Go modules (``make controlplane``): etcd,
+    kube-apiserver, kube-controller-manager, kube-scheduler and kwok with 3 fake nodes."""
+    try:
+        binaries = ensure_built()
+    except BuildError as error:
+        if os.environ.get("CI") == "true":  # the project builds it: missing is a failure
+            pytest.fail(f"the control plane cannot be built: {error}")
+        pytest.skip(f"the control plane cannot be built: {error}")
+    with ControlPlane(tmp_path_factory.mktemp("control-plane"), binaries=binaries) as plane:
+        yield plane
+
+
+@pytest.fixture
+def kube(control_plane: ControlPlane, request: pytest.FixtureRequest) -> Iterator[Kube]:
+    """The admin's view of the control plane, with a fresh namespace for this test
+    (``kube.namespace``), deleted after it."""
+    name = fresh_name(re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40])
+    kube = Kube(control_plane, name)
+    kube.create_namespace(name)
+    yield kube
+    kube.delete("v1/namespaces", None, name)
+
+
+@pytest.fixture(scope="session")
+def throttlepolicy_crd(control_plane: ControlPlane) -> None:
+    """crds/throttlepolicy.yaml applied with the control plane's own kubectl, as the README
+    tells users to, and Established (the server accepted its schema)."""
+    import subprocess
+
+    kubectl = [str(control_plane.bin("kubectl")), "--kubeconfig", str(control_plane.kubeconfig)]
+    for args in (
+        ["apply", "-f", str(ROOT / "crds" / "throttlepolicy.yaml")],
+        ["wait", "--for=condition=Established", "--timeout=60s",
+         "crd/throttlepolicies.unthrottle.io"],
+    ):  # fmt: skip
+        done = subprocess.run([*kubectl, *args], capture_output=True, text=True, timeout=90,
+                              check=False)  # fmt: skip
+        assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"

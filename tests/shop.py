@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -142,3 +142,33 @@ def objects(w: Workload) -> list[tuple[str, dict[str, Any]]]:
             "spec": {"containers": [{"name": w.container}]},
         }))  # fmt: skip
     return out
+
+
+def deploy(kube: Any, workloads: list[Workload]) -> list[Workload]:
+    """Put the workloads on the real control plane (tests/kube.py) and return them as they
+    landed: each namespace renamed to a fresh one (``shop`` → ``shop-1a2b3c``, the same for
+    every workload of it), and each ``template_hash`` the one the real Deployment controller
+    gave its ReplicaSet. History written for the returned workloads (:func:`openmetrics`)
+    names pods ``<replicaset>-xxxxx`` that are gone by now, as a window's pods mostly are:
+    unthrottle finds their Deployment through the ReplicaSet's name."""
+    from kube import fresh_name
+
+    renamed: dict[str, str] = {}
+    for w in workloads:
+        if w.namespace not in renamed:
+            renamed[w.namespace] = fresh_name(w.namespace)
+            kube.create_namespace(renamed[w.namespace])
+    placed = [replace(w, namespace=renamed[w.namespace]) for w in workloads]
+    for w in placed:
+        kube.create("apps/v1/deployments", deployment(w))
+    out = []
+    for w in placed:
+        rs = kube.replicaset_of(kube.rolled_out(w.namespace, w.name))
+        out.append(replace(w, template_hash=rs["metadata"]["labels"]["pod-template-hash"]))
+    return out
+
+
+def rehash(kube: Any, w: Workload, **changes: Any) -> Workload:
+    """``w`` after its Deployment's rollout: the new ReplicaSet's hash (and ``changes``)."""
+    rs = kube.replicaset_of(kube.rolled_out(w.namespace, w.name))
+    return replace(w, template_hash=rs["metadata"]["labels"]["pod-template-hash"], **changes)

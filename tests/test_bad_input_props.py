@@ -26,6 +26,9 @@ HOSTILE = ["[/x]", "\x1b[31m", ":smile:", "\\", "é€", "\r\n", "", " ", "-1", 
 """Hostile text, but no secret: a token is one only where a secret goes (it may be quoted
 back anywhere else, as the user's own typo)."""
 text = st.sampled_from(HOSTILE) | st.text(max_size=12)
+argument = st.sampled_from(HOSTILE) | st.text(st.characters(exclude_characters="\x00"),
+                                              max_size=12)  # fmt: skip
+"""Hostile text for a command-line argument: anything but NUL, which no argv can hold."""
 number = (st.integers(-10, 10) | st.floats(-1e3, 1e3) | st.integers(-(10**12), 10**12)
           | st.sampled_from([float("inf"), float("-inf"), float("nan"), 1e308, -0.0]))  # fmt: skip
 scalar = number | text | st.booleans() | st.none()
@@ -105,28 +108,28 @@ def test_simulate_answers_any_scenario_file_clearly(
 
 
 FLAGS: dict[str, st.SearchStrategy[str]] = {
-    "--window": st.sampled_from(["7d", "1h", "1h30m", "30s", "0s", "²d", "400d"]) | text,
-    "--target": st.sampled_from(["0.05", "0.5", "0", "1", "nan", "inf", "-1"]) | text,
-    "--timeout": st.sampled_from(["5", "0.001", "0", "nan", "inf", "3601"]) | text,
-    "--retries": st.sampled_from(["0", "3", "10", "11", "-1"]) | text,
-    "--concurrency": st.sampled_from(["1", "3", "64", "65", "0"]) | text,
-    "--jobs": st.sampled_from(["1", "2", "100000", "0"]) | text,
-    "--top": st.sampled_from(["1", "5", "0", "-1"]) | text,
-    "--deadline": st.sampled_from(["5m", "30s", "1s", "0s", "forever"]) | text,
-    "--history": st.sampled_from(["auto", "raw", "recorded", "sometimes"]) | text,
-    "--format": st.sampled_from(["json", "yaml", "csv", "table", "kustomize", "xml"]) | text,
-    "--namespace": st.sampled_from(["shop", "Shop", "[/x]", "a-b"]) | text,
-    "--selector": st.sampled_from(["app=web", "tier in (a,b)", "a in (", ",,"]) | text,
+    "--window": st.sampled_from(["7d", "1h", "1h30m", "30s", "0s", "²d", "400d"]) | argument,
+    "--target": st.sampled_from(["0.05", "0.5", "0", "1", "nan", "inf", "-1"]) | argument,
+    "--timeout": st.sampled_from(["5", "0.001", "0", "nan", "inf", "3601"]) | argument,
+    "--retries": st.sampled_from(["0", "3", "10", "11", "-1"]) | argument,
+    "--concurrency": st.sampled_from(["1", "3", "64", "65", "0"]) | argument,
+    "--jobs": st.sampled_from(["1", "2", "100000", "0"]) | argument,
+    "--top": st.sampled_from(["1", "5", "0", "-1"]) | argument,
+    "--deadline": st.sampled_from(["5m", "30s", "1s", "0s", "forever"]) | argument,
+    "--history": st.sampled_from(["auto", "raw", "recorded", "sometimes"]) | argument,
+    "--format": st.sampled_from(["json", "yaml", "csv", "table", "kustomize", "xml"]) | argument,
+    "--namespace": st.sampled_from(["shop", "Shop", "[/x]", "a-b"]) | argument,
+    "--selector": st.sampled_from(["app=web", "tier in (a,b)", "a in (", ",,"]) | argument,
     "--header": st.sampled_from(
         [f"X-Key={TOKEN}", "X-Scope-OrgID=t", f"X={TOKEN}\r\n", "=v", f"X-Key={TOKEN}€"]
     )
-    | text,
+    | argument,
     "--bearer-token": st.sampled_from([TOKEN, f"{TOKEN}\n", f"{TOKEN}\nX: y", f"{TOKEN} x"]),
     "--output": st.sampled_from(["/", "/nonexistent/x", "/proc/self/status", "{tmp}/out"]),
     "--prometheus": st.sampled_from(
         ["notaurl", "", "http://[::1", "ftp://x", f"http://ops:{TOKEN}@x", "http://x/api/v1/"]
     )
-    | text,
+    | argument,
     "--strategy": st.sampled_from(["Auto", "LimitOnly", "never"]),
     "--kubeconfig": st.sampled_from(["/nonexistent", "/etc/passwd"]),
 }

@@ -1,4 +1,8 @@
-"""The package declares what it imports, and nothing else (pyproject.toml's dependencies)."""
+"""The package declares what it imports, and nothing else (pyproject.toml's dependencies).
+
+``unthrottle.devtools`` (the launchers of Prometheus and of the Kubernetes control plane that
+the tests, the demo and the benchmarks share; the product never imports it) may import what
+the ``test`` extra declares."""
 
 from __future__ import annotations
 
@@ -11,12 +15,16 @@ from importlib.metadata import packages_distributions
 from conftest import ROOT
 
 PACKAGE = ROOT / "operator" / "unthrottle"
+DEVTOOLS = PACKAGE / "devtools"
 
 
-def _imported() -> set[str]:
-    """Top-level modules the package imports (standard library and itself excluded)."""
+def _imported(*, devtools: bool = False) -> set[str]:
+    """Top-level modules the package imports (standard library and itself excluded): the
+    product's, or (``devtools``) only its development tools'."""
     found = set()
     for path in PACKAGE.rglob("*.py"):
+        if path.is_relative_to(DEVTOOLS) != devtools:
+            continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 found |= {a.name.split(".")[0] for a in node.names}
@@ -29,11 +37,15 @@ def _imported() -> set[str]:
     }
 
 
-def _declared() -> set[str]:
+def _names(requirements: list[str]) -> set[str]:
+    return {re.split(r"[<>=!~ \[;]", d)[0].lower().replace("_", "-") for d in requirements}
+
+
+def _declared(extra: str | None = None) -> set[str]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    return {
-        re.split(r"[<>=!~ \[;]", d)[0].lower().replace("_", "-") for d in project["dependencies"]
-    }
+    if extra is not None:
+        return _names(project["optional-dependencies"][extra])
+    return _names(project["dependencies"])
 
 
 def test_every_imported_distribution_is_declared_and_every_declared_one_imported() -> None:
@@ -44,3 +56,11 @@ def test_every_imported_distribution_is_declared_and_every_declared_one_imported
     declared = _declared()
     assert imported - declared == set(), "imported, not declared in pyproject.toml"
     assert declared - imported == set(), "declared in pyproject.toml, never imported"
+
+
+def test_the_development_tools_import_only_what_the_product_or_the_test_extra_declares() -> None:
+    owners = packages_distributions()
+    imported = {owners[m][0].lower().replace("_", "-") for m in _imported(devtools=True)
+                if m in owners}  # fmt: skip
+    assert "cryptography" in imported  # the control plane's certificates: the check has teeth
+    assert imported - _declared() - _declared("test") == set()

@@ -1,5 +1,6 @@
 """The operator in Recommend mode: the real `unthrottle operator` (Kopf) in a subprocess,
-against the Kubernetes emulator over HTTP (a test double: no API server runs here) and a
+against the real kube-apiserver (tests/kube.py: the Deployments rolled out by the real
+controller onto kwok's fake nodes; the operator's requests pass a recording proxy) and a
 real Prometheus serving a day of backfilled history."""
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from typing import Any, TypeVar
 
 import pytest
 
-from kube_emulator import KubeEmulator
+from kube import Kube
+from kube_faults import FaultProxy
 from operator_proc import OperatorProcess
 from prom import PrometheusServer, free_port, requires_prometheus
-from shop import HEALTHY, THROTTLED, Workload, objects, openmetrics
+from shop import HEALTHY, THROTTLED, Workload, deploy, openmetrics
 from unthrottle.cfs.settings import parse_cpu
+from unthrottle.devtools.kube import ControlPlane
 
 pytestmark = requires_prometheus
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
@@ -33,12 +36,14 @@ T = TypeVar("T")
 
 
 class Running:
-    """The emulator, Prometheus and the operator, as the tests see them."""
+    """The control plane, Prometheus and the operator, as the tests see them; ``ns`` maps
+    the shop's namespaces (``shop``, ``web``) to the fresh ones they landed in."""
 
-    def __init__(self, kube: KubeEmulator, prom: PrometheusServer, metrics: str, log: Path,
-                 liveness: str) -> None:  # fmt: skip
-        self.kube, self.prom, self.metrics, self.log, self.liveness = (
-            kube, prom, metrics, log, liveness)  # fmt: skip
+    def __init__(self, kube: Kube, proxy: FaultProxy, prom: PrometheusServer, metrics: str,
+                 log: Path, liveness: str, ns: dict[str, str]) -> None:  # fmt: skip
+        self.kube, self.proxy, self.prom, self.metrics, self.log, self.liveness = (
+            kube, proxy, prom, metrics, log, liveness)  # fmt: skip
+        self.ns = ns
 
     def policy(self, namespace: str, name: str, spec: dict[str, Any]) -> None:
         self.kube.create(POLICIES, {"apiVersion": "unthrottle.io/v1alpha1",
@@ -81,22 +86,27 @@ class Running:
 
 
 @pytest.fixture(scope="module")
-def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+def running(
+    tmp_path_factory: pytest.TempPathFactory, control_plane: ControlPlane, throttlepolicy_crd: None
+) -> Iterator[Running]:
     folder = tmp_path_factory.mktemp("operator")
+    kube = Kube(control_plane)
+    placed = deploy(kube, SHOP)
+    ns = {w.namespace: p.namespace for w, p in zip(SHOP, placed, strict=True)}
     end = int(time.time()) // 60 * 60
     with (
-        KubeEmulator() as kube,
-        PrometheusServer(folder, openmetrics=openmetrics(SHOP, end)) as prom,
+        FaultProxy(kube) as proxy,
+        PrometheusServer(folder, openmetrics=openmetrics(placed, end)) as prom,
     ):
-        for w in SHOP:
-            for resource, obj in objects(w):
-                kube.put(resource, obj)
-        kubeconfig = kube.kubeconfig(folder / "kubeconfig")
+        kubeconfig = proxy.kubeconfig(folder / "kubeconfig")
         metrics, liveness = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
         log = folder / "operator.log"
+        watched = [arg for n in sorted(set(ns.values())) for arg in ("--namespace", n)]
         with OperatorProcess(kubeconfig, prom.url, log, "--metrics", metrics,
-                             "--liveness", liveness):  # fmt: skip
-            yield Running(kube, prom, metrics, log, liveness)
+                             "--liveness", liveness, *watched):  # fmt: skip
+            yield Running(kube, proxy, prom, metrics, log, liveness, ns)
+    for namespace in set(ns.values()):
+        kube.delete("v1/namespaces", None, namespace)
 
 
 def _undeclared(value: Any, schema: dict[str, Any], path: str = "status") -> list[str]:
@@ -130,9 +140,11 @@ def _workload(status: dict[str, Any], name: str) -> dict[str, Any]:
 def test_a_policy_gets_status_events_and_a_report_and_nothing_is_patched(
     running: Running,
 ) -> None:
-    before = {w.name: running.kube.get("apps/v1/deployments", w.namespace, w.name) for w in SHOP}
-    running.policy("shop", "pay", {"selector": {"matchLabels": {"team": "pay"}}, "window": "12h"})
-    status = running.status_when("shop", "pay", lambda s: s["summary"]["deployments"] == 3)
+    shop = running.ns["shop"]
+    before = {w.name: running.kube.get("apps/v1/deployments", running.ns[w.namespace], w.name)
+              for w in SHOP}  # fmt: skip
+    running.policy(shop, "pay", {"selector": {"matchLabels": {"team": "pay"}}, "window": "12h"})
+    status = running.status_when(shop, "pay", lambda s: s["summary"]["deployments"] == 3)
     # the selector and the namespace boundary hold
     assert {w["deployment"] for w in status["workloads"]} == {"checkout", "catalog", "legacy"}
     checkout = _workload(status, "checkout")
@@ -168,12 +180,12 @@ def test_a_policy_gets_status_events_and_a_report_and_nothing_is_patched(
     schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
     assert _undeclared(status, schema) == []
     # a summary event on the policy
-    running.events_when("shop", "pay", lambda events: any(
+    running.events_when(shop, "pay", lambda events: any(
         e["reason"] == "Recommended" and e["type"] == "Normal" for e in events))  # fmt: skip
     # the report ConfigMap, owned by the policy
-    report = running.kube.get("v1/configmaps", "shop", "pay-report")
+    report = running.kube.get("v1/configmaps", shop, "pay-report")
     assert report is not None
-    policy = running.kube.get(POLICIES, "shop", "pay")
+    policy = running.kube.get(POLICIES, shop, "pay")
     assert policy is not None
     (owner,) = report["metadata"]["ownerReferences"]
     assert (owner["kind"], owner["name"], owner["uid"]) == (
@@ -182,18 +194,20 @@ def test_a_policy_gets_status_events_and_a_report_and_nothing_is_patched(
     doc = json.loads(report["data"]["report.json"])
     assert {w["deployment"] for w in doc["workloads"]} == {"checkout", "catalog", "legacy"}
     # nothing was patched: Deployments byte for byte as before, and no write reached them
-    after = {w.name: running.kube.get("apps/v1/deployments", w.namespace, w.name) for w in SHOP}
+    after = {w.name: running.kube.get("apps/v1/deployments", running.ns[w.namespace], w.name)
+             for w in SHOP}  # fmt: skip
     assert after == before
-    writes = [r for r in running.kube.requests(path="/deployments")
+    writes = [r for r in running.proxy.requests(path="/deployments")
               if r.method in {"PATCH", "PUT", "POST", "DELETE"}]  # fmt: skip
     assert writes == []
 
 
 def test_a_second_policy_over_the_same_deployments_gets_a_conflict(running: Running) -> None:
-    running.status_when("shop", "pay", lambda s: s["summary"]["deployments"] == 3)
+    shop = running.ns["shop"]
+    running.status_when(shop, "pay", lambda s: s["summary"]["deployments"] == 3)
     time.sleep(1.1)  # a creation time after the first policy's (seconds, as the API keeps them)
-    running.policy("shop", "everything", {"window": "12h"})
-    status = running.status_when("shop", "everything", lambda s: bool(s["summary"]))
+    running.policy(shop, "everything", {"window": "12h"})
+    status = running.status_when(shop, "everything", lambda s: bool(s["summary"]))
     degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
     assert (degraded["status"], degraded["reason"]) == ("True", "Conflict")
     assert "pay" in degraded["message"]
@@ -201,9 +215,9 @@ def test_a_second_policy_over_the_same_deployments_gets_a_conflict(running: Runn
     assert checkout["state"] == "Skipped" and "pay" in checkout["message"]
     assert _workload(status, "batch")["state"] == "Recommended"  # only the newer one has it
     assert any(e["reason"] == "Conflict" and e["type"] == "Warning"
-               for e in running.events("shop", "everything"))  # fmt: skip
+               for e in running.events(shop, "everything"))  # fmt: skip
     # the older policy keeps its Deployments
-    pay = running.kube.get(POLICIES, "shop", "pay")
+    pay = running.kube.get(POLICIES, shop, "pay")
     assert pay is not None
     assert _workload(pay["status"], "checkout")["state"] == "Recommended"
     assert next(c for c in pay["status"]["conditions"] if c["type"] == "Degraded")["status"] == (
@@ -229,21 +243,22 @@ def test_an_invalid_spec_is_degraded_naming_the_field_and_others_keep_working(
     running: Running, spec: dict[str, Any], field: str
 ) -> None:
     name = f"broken-{abs(hash(field)) % 10_000}"
-    running.policy("web", name, spec)
-    status = running.status_when("web", name, lambda s: any(
+    web = running.ns["web"]
+    running.policy(web, name, spec)
+    status = running.status_when(web, name, lambda s: any(
         c["type"] == "Degraded" and c["status"] == "True" for c in s["conditions"]))  # fmt: skip
     degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
     assert degraded["reason"] == "InvalidSpec"
     assert field in degraded["message"]
     assert any(e["reason"] == "InvalidSpec" and field in e["message"]
-               for e in running.events("web", name))  # fmt: skip
-    running.policy("web", f"good-{name}", {"window": "12h"})
-    good = running.status_when("web", f"good-{name}", lambda s: bool(s["summary"]))
+               for e in running.events(web, name))  # fmt: skip
+    running.policy(web, f"good-{name}", {"window": "12h"})
+    good = running.status_when(web, f"good-{name}", lambda s: bool(s["summary"]))
     assert [w["deployment"] for w in good["workloads"]] == ["frontend"]
 
 
 def test_the_operator_serves_its_metrics_and_liveness(running: Running) -> None:
-    running.status_when("shop", "pay", lambda s: bool(s["summary"]))
+    running.status_when(running.ns["shop"], "pay", lambda s: bool(s["summary"]))
     with urllib.request.urlopen(f"http://{running.metrics}/metrics", timeout=10) as reply:
         text = reply.read().decode()
     assert "unthrottle_operator_reconcile_duration_seconds_count" in text
@@ -257,21 +272,22 @@ def test_the_operator_serves_its_metrics_and_liveness(running: Running) -> None:
 def test_prometheus_stopped_gives_degraded_and_keeps_the_last_good_status(
     running: Running,
 ) -> None:
-    good = running.status_when("shop", "pay", lambda s: bool(s["summary"]))
+    shop = running.ns["shop"]
+    good = running.status_when(shop, "pay", lambda s: bool(s["summary"]))
     port = running.prom.port
     running.prom.__exit__(None, None, None)  # Prometheus goes away mid-run
-    running.kube.patch(POLICIES, "shop", "pay", {"spec": {"headroom": 0.15}})  # reconcile now
-    status = running.status_when("shop", "pay", lambda s: _condition(s, "Degraded")["reason"]
+    running.kube.patch(POLICIES, shop, "pay", {"spec": {"headroom": 0.15}})  # reconcile now
+    status = running.status_when(shop, "pay", lambda s: _condition(s, "Degraded")["reason"]
                                  == "PrometheusUnavailable")  # fmt: skip
     assert status["workloads"] == good["workloads"]  # the last good recommendations stay
     assert status["lastGoodRun"] == good["lastGoodRun"]
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
     assert ready["status"] == "False" and good["lastGoodRun"] in ready["message"]
     assert any(e["reason"] == "PrometheusUnavailable" and e["type"] == "Warning"
-               for e in running.events("shop", "pay"))  # fmt: skip
+               for e in running.events(shop, "pay"))  # fmt: skip
     # Prometheus back on the same address: the policy recovers on its next retry
     running.prom.port, running.prom.url = port, f"http://127.0.0.1:{port}"
     running.prom.__enter__()
-    recovered = running.status_when("shop", "pay", lambda s: next(
+    recovered = running.status_when(shop, "pay", lambda s: next(
         c for c in s["conditions"] if c["type"] == "Ready")["status"] == "True")  # fmt: skip
     assert recovered["lastGoodRun"] >= good["lastGoodRun"]

@@ -13,7 +13,34 @@ from typing import Any, Protocol
 
 
 class PatchConflict(RuntimeError):
-    """The Deployment changed since it was read (409 / 422): re-read, retry next cycle."""
+    """The Deployment changed since it was read (409, or 422 from a failed ``test``):
+    re-read, retry next cycle."""
+
+
+class PatchRefused(RuntimeError):
+    """The API server refused the patched Deployment itself (422 Invalid, or an admission
+    webhook's 400/403): retrying the same change cannot help. The message is the server's."""
+
+
+def _causes(error: Any) -> list[dict[str, Any]]:
+    """The ``details.causes`` of an API error's Status body (none when it has no body)."""
+    try:
+        body = json.loads(error.body or "{}")
+    except ValueError:
+        return []
+    return list(((body.get("details") or {}).get("causes")) or []) if isinstance(body, dict) else []
+
+
+def _refusal(error: Any) -> str:
+    """The API server's own words for a refused request, one line: its causes (each field
+    and why), else its message."""
+    try:
+        body = json.loads(error.body or "{}")
+    except ValueError:
+        body = {}
+    text = "; ".join(str(c.get("message")) for c in _causes(error) if c.get("message"))
+    message = body.get("message") if isinstance(body, dict) else None
+    return " ".join(str(text or message or f"HTTP {error.status}").split())[:500]
 
 
 class DeploymentStore(Protocol):
@@ -68,9 +95,15 @@ class KubeDeployments:
         try:
             reply = self.apps.patch_namespaced_deployment(name, namespace, ops, **options)
         except ApiException as error:
-            if error.status in (409, 422):
+            # A patch that does not apply to the object as it is now (a failed `test`, a path
+            # that is gone) is 422 with no causes; a patched object the server refuses is 422
+            # with a cause per field. Only the first means it changed since it was read.
+            if error.status == 409 or (error.status == 422 and not _causes(error)):
                 raise PatchConflict(f"Deployment {namespace}/{name} changed since it was read "
                                     f"(HTTP {error.status})") from None  # fmt: skip
+            if error.status in (400, 403, 422):
+                raise PatchRefused(f"the API server refused the patch of Deployment "
+                                   f"{namespace}/{name}: {_refusal(error)}") from None  # fmt: skip
             raise
         return dict(json.loads(reply.data))
 

@@ -38,6 +38,8 @@ GROUP = "unthrottle.io"
 VERSION = "v1alpha1"
 KIND = "ThrottlePolicy"
 PLURAL = "throttlepolicies"
+MAX_NAME = 63
+"""The longest policy name: it is a label value on the ConfigMaps the operator writes."""
 
 _ORDER = [
     "description", "type", "format", "nullable", "enum", "default",
@@ -137,7 +139,11 @@ def _openapi_schema() -> dict[str, Any]:
             "apiVersion": {"description": "The API version: unthrottle.io/v1alpha1.",
                            "type": "string"},
             "kind": {"description": "The kind: ThrottlePolicy.", "type": "string"},
-            "metadata": {"description": "Standard object metadata.", "type": "object"},
+            # a real API server refuses anything under metadata but `type` and rules for the
+            # name: at most 63 characters, as the policy's name is the value of the label
+            # its report and checkpoint ConfigMaps carry (label values stop at 63)
+            "metadata": {"type": "object", "properties": {
+                "name": {"type": "string", "maxLength": MAX_NAME}}},
             "spec": spec,
             "status": status,
         },

@@ -79,6 +79,9 @@ def rollout(deployment: dict[str, Any]) -> str:
         and (status.get("updatedReplicas") or 0) >= replicas
         and (status.get("availableReplicas") or 0) >= replicas
         and not status.get("unavailableReplicas")
+        # old pods still terminating count in status.replicas (kubectl rollout status waits
+        # for them too): until they are gone, their counters are not the new settings'
+        and (status.get("replicas") or 0) <= (status.get("updatedReplicas") or 0)
     ):
         return "done"
     return "progressing"

@@ -1,0 +1,19 @@
+"""A real Kubernetes control plane for the tests and the demo, built from its Go modules.
+
+``python -m unthrottle.devtools.kube up DIR [--nodes N]`` starts one and prints
+``ready DIR/kubeconfig``; ``build`` only builds the binaries. :class:`ControlPlane` is the
+same from Python (the tests' session fixture, the demo).
+"""
+
+from unthrottle.devtools.kube.build import BINARIES, Binaries, BuildError, ensure_built
+from unthrottle.devtools.kube.cluster import ControlPlane, StartError, fake_node
+
+__all__ = [
+    "BINARIES",
+    "Binaries",
+    "BuildError",
+    "ControlPlane",
+    "StartError",
+    "ensure_built",
+    "fake_node",
+]

@@ -1,0 +1,74 @@
+"""``python -m unthrottle.devtools.kube up DIR [--nodes N]`` and ``… build``.
+
+``up`` builds the binaries when the cache has none (progress on stderr), links them into
+``DIR/bin/``, starts the control plane with its state in ``DIR``, writes
+``DIR/kubeconfig`` and prints one line, ``ready DIR/kubeconfig``, on stdout. It runs until
+SIGINT or SIGTERM, then ends everything it started, by PID, and removes what it wrote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path
+
+from unthrottle.devtools.kube.build import BuildError, ensure_built
+from unthrottle.devtools.kube.cluster import ControlPlane, StartError
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM as SIGINT: stop what was started, wherever we are
+
+
+def _up(folder: Path, nodes: int) -> int:
+    signal.signal(signal.SIGINT, _interrupt)  # also where a script started us ignoring it
+    signal.signal(signal.SIGTERM, _interrupt)
+    binaries = ensure_built()
+    folder.mkdir(parents=True, exist_ok=True)
+    plane = ControlPlane(folder, nodes=nodes, binaries=binaries)
+    plane.link_binaries(folder / "bin")
+    try:
+        plane.start()
+        print(f"ready {plane.kubeconfig}", flush=True)
+        print(
+            f"control plane: Kubernetes {plane.version} at {plane.server}, {nodes} fake "
+            f"nodes, ready in {plane.started_in_s:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+        while True:
+            time.sleep(1)
+            gone = plane.exited()
+            if gone:
+                print(f"control plane: {', '.join(gone)} exited; stopping", file=sys.stderr)
+                return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        plane.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m unthrottle.devtools.kube")
+    commands = parser.add_subparsers(dest="command", required=True)
+    up = commands.add_parser("up", help="start a control plane; ready DIR/kubeconfig")
+    up.add_argument("folder", type=Path, metavar="DIR")
+    up.add_argument("--nodes", type=int, default=3, help="fake nodes (kwok), default 3")
+    commands.add_parser("build", help="build the binaries into the cache (if not there)")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "build":
+            print(ensure_built().folder)
+            return 0
+        if not 0 <= args.nodes <= 100:
+            parser.error("--nodes: between 0 and 100")
+        return _up(args.folder.resolve(), args.nodes)
+    except (BuildError, StartError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
