@@ -166,8 +166,11 @@ class FaultProxy:
                        raw: bytes) -> aiohttp.web.StreamResponse:  # fmt: skip
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
         session = self._token_session if "Authorization" in headers else self._admin_session
+        # skip_auto_headers: a body sent without Content-Type (the kubernetes client does
+        # that for JSON) must reach the server without one, not as application/octet-stream
         upstream = await session.request(request.method, self.kube.plane.server + request.path_qs,
                                          data=raw or None, headers=headers,
+                                         skip_auto_headers=("Content-Type",),
                                          timeout=aiohttp.ClientTimeout(total=None))  # fmt: skip
         watch = request.query.get("watch") in ("1", "true")
         reply = aiohttp.web.StreamResponse(status=upstream.status, headers={

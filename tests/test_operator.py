@@ -165,11 +165,12 @@ def test_a_policy_gets_status_events_and_a_report_and_nothing_is_patched(
     catalog = _workload(status, "catalog")
     assert catalog["state"] in {"UpToDate", "Recommended"}
     assert parse_cpu(catalog["containers"][0]["recommended"]["cpuLimit"]) <= 1000
-    assert catalog["containers"][0]["recommended"]["cpuLimitLowerBound"] is None  # not throttled
+    # not throttled: no range (a null in a merge patch removes the key on a real server)
+    assert "cpuLimitLowerBound" not in catalog["containers"][0]["recommended"]
     # the opt-out annotation: listed, skipped, with the reason
     legacy = _workload(status, "legacy")
     assert legacy["state"] == "Skipped" and "unthrottle.io/ignore" in legacy["message"]
-    assert legacy["containers"][0]["recommended"] is None
+    assert legacy["containers"][0].get("recommended") is None  # the server drops a null
     assert status["summary"]["overTarget"] == 1  # checkout; legacy is skipped
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
     assert ready["status"] == "True"
@@ -227,21 +228,55 @@ def test_a_second_policy_over_the_same_deployments_gets_a_conflict(running: Runn
 @pytest.mark.parametrize(
     ("spec", "field"),
     [
-        ({"window": "²d"}, "window"),
-        ({"limits": {"min": "2", "max": "1"}}, "limits"),
-        ({"targetThrottleRatio": 1.5}, "targetThrottleRatio"),
+        ({"window": "²d"}, "spec.window"),
+        ({"limits": {"min": "2", "max": "1"}}, "spec.limits"),
+        ({"targetThrottleRatio": 1.5}, "spec.targetThrottleRatio"),
         ({"prometheus": "http://evil.example"}, "prometheus"),
+        ({"containers": ["api", "api"]}, "spec.containers[1]"),
     ],
     ids=[
         "a window with non-ASCII digits",
         "limits.min above limits.max",
         "a ratio above 1",
         "a field the spec does not have",
+        "a container listed twice",
     ],
 )
+def test_the_server_refuses_a_malformed_policy_naming_the_field(
+    running: Running, spec: dict[str, Any], field: str
+) -> None:
+    """The CRD's schema (generated from the model) is the first line: kubectl apply fails
+    with the field named, and no policy is stored. Unknown fields are refused as kubectl
+    refuses them (strict field validation, its default)."""
+    web = running.ns["web"]
+    body = {"apiVersion": "unthrottle.io/v1alpha1", "kind": "ThrottlePolicy",
+            "metadata": {"namespace": web, "name": "malformed"}, "spec": spec}  # fmt: skip
+    status, reply = running.kube.try_call(
+        "POST", f"/apis/unthrottle.io/v1alpha1/namespaces/{web}/throttlepolicies"
+        "?fieldValidation=Strict", body)  # fmt: skip
+    assert status in (400, 422), reply
+    assert field in json.dumps(reply)
+    assert running.kube.get(POLICIES, web, "malformed") is None
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"window": "1m"}, "window"),
+        ({"interval": "10s"}, "interval"),
+        ({"apply": {"verifyFor": "30s"}}, "verifyFor"),
+    ],
+    ids=[
+        "a window shorter than 5 minutes",
+        "an interval shorter than 30 seconds",
+        "a verification shorter than a minute",
+    ],
+)  # fmt: skip
 def test_an_invalid_spec_is_degraded_naming_the_field_and_others_keep_working(
     running: Running, spec: dict[str, Any], field: str
 ) -> None:
+    """What the schema admits but the model refuses reaches the operator: a condition and
+    an event name the field, and other policies keep working."""
     name = f"broken-{abs(hash(field)) % 10_000}"
     web = running.ns["web"]
     running.policy(web, name, spec)
@@ -255,6 +290,23 @@ def test_an_invalid_spec_is_degraded_naming_the_field_and_others_keep_working(
     running.policy(web, f"good-{name}", {"window": "12h"})
     good = running.status_when(web, f"good-{name}", lambda s: bool(s["summary"]))
     assert [w["deployment"] for w in good["workloads"]] == ["frontend"]
+
+
+def test_a_policy_named_with_63_characters_gets_its_report_and_checkpoint(
+    running: Running,
+) -> None:
+    """The longest name the CRD admits: it names the report and checkpoint ConfigMaps and
+    is the value of their labels (which stop at 63 characters)."""
+    web = running.ns["web"]
+    name = "a" * 55 + "-longest"
+    assert len(name) == 63
+    running.policy(web, name, {"window": "12h"})
+    running.status_when(web, name, lambda s: bool(s["summary"]))
+    report = running.kube.get("v1/configmaps", web, f"{name}-report")
+    assert report is not None and report["metadata"]["labels"]["unthrottle.io/policy"] == name
+    checkpoints = [c for c in running.kube.list("v1/configmaps", web)
+                   if c["metadata"]["name"].startswith(f"{name}-evidence")]  # fmt: skip
+    assert checkpoints and all(name in c["metadata"]["labels"].values() for c in checkpoints)
 
 
 def test_the_operator_serves_its_metrics_and_liveness(running: Running) -> None:
