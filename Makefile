@@ -24,9 +24,10 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-## The local demo: the whole loop on this kernel (root) — workloads in kubelet-like cgroups,
-## the agent, a real Prometheus, the operator (Recommend, then Apply) against the Kubernetes
-## emulator, the patched limits written back, before / after measured, the HTML report.
+## The local demo: the whole loop on this kernel (root) — a real control plane with kwok's fake
+## nodes, Deployments rolled out on them, their pods' workloads in kubelet-like cgroups, the
+## agent, a real Prometheus, the operator (Recommend, then Apply), the new pods' limits written
+## back, before / after measured, the HTML report.
 demo: $(STAMP) prometheus browser controlplane
 	$(BIN)/python demo/loop.py
 

@@ -6,8 +6,12 @@ History: 1,000 Deployments, one pod and one container each (four kinds in turn:
 bursty under a tight limit, steady, idle, moderate, as bench/cluster_query.py),
 the agent's counters and 28-bucket histogram, one sample a minute for 25 hours
 (32,000 series, 48 million samples), backfilled once into a cached TSDB. The
-Deployments, ReplicaSets and pods are in the Kubernetes emulator (tests/kube_emulator.py:
-a test double, no API server runs here).
+Deployments are on a real control plane (unthrottle.devtools.kube: etcd, kube-apiserver,
+the controller manager and scheduler, kwok's fake nodes), which makes their ReplicaSets
+and pods; its processes are not this one, so their memory and CPU are not counted as the
+operator's. The history names each Deployment's pod after its real ReplicaSet (the
+pod-template-hash depends only on the template, so the cached TSDB stays valid while
+the templates and the Kubernetes release do not change; it is rebuilt when they do).
 
 Measured, on a clock the benchmark moves (the history's last hour):
 - ``recommend``'s scan of the 24 h window (the same pipeline, in process);
@@ -36,8 +40,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 from cluster_query import BOUNDS, cdf, shape  # noqa: E402
-from kube_emulator import KubeEmulator  # noqa: E402
 from unthrottle.agent.sampling import BUCKETS_CORES  # noqa: E402
+from unthrottle.devtools.kube import ControlPlane, ensure_built, fake_node  # noqa: E402
 from unthrottle.devtools.prometheus import PrometheusServer  # noqa: E402
 from unthrottle.metrics.source import PrometheusConfig, PrometheusSource, RangeSeries, Sample  # noqa: E402
 
@@ -80,7 +84,7 @@ class Recording:
         return total
 
 
-def write_history(path: Path, deployments: int, end: int) -> int:
+def write_history(path: Path, replicasets: list[str], end: int) -> int:
     times = np.arange(end - WINDOW - HOUR, end + 1, STEP)
     elapsed = (times - times[0]).astype(np.float64)
     series = 0
@@ -94,9 +98,9 @@ def write_history(path: Path, deployments: int, end: int) -> int:
                               for v, t in zip((elapsed * rate).tolist(), times.tolist(),
                                               strict=True)))  # fmt: skip
 
-        for d in range(deployments):
+        for d, rs in enumerate(replicasets):
             base, share, burst, limit = shape(d)
-            labels = f'namespace="{NS}",pod="app-{d:04d}-5f7c9-bx7kz",container="app"'
+            labels = f'namespace="{NS}",pod="{rs}-bx7kz",container="app"'
             throttled = 1 - cdf(base, share, burst, limit)
             mean = (1 - share) * base + share * burst
             for metric, rate in (("usage_seconds", min(mean, limit)), ("cfs_periods", 10.0),
@@ -110,19 +114,26 @@ def write_history(path: Path, deployments: int, end: int) -> int:
     return series
 
 
-def build(cache: Path, deployments: int) -> tuple[Path, int]:
-    """The cached TSDB and the history's end (built once)."""
-    folder = cache / f"operator-d{deployments}"
+def build(cache: Path, replicasets: list[str]) -> tuple[Path, int]:
+    """The cached TSDB and the history's end (built again when the ReplicaSets' names, so
+    the pods' names, are not the ones it was built for)."""
+    folder = cache / f"operator-d{len(replicasets)}"
     info = folder / "info.json"
     if info.exists():
-        return folder, int(json.loads(info.read_text())["end"])
+        kept = json.loads(info.read_text())
+        if kept.get("replicasets") == replicasets:
+            return folder, int(kept["end"])
+        import shutil
+
+        print("history: built for other ReplicaSets, building it again", flush=True)
+        shutil.rmtree(folder)
     import subprocess
 
     folder.mkdir(parents=True, exist_ok=True)
     end = int(time.time()) // STEP * STEP
     text = folder / "history.om"
     started = time.monotonic()
-    series = write_history(text, deployments, end)
+    series = write_history(text, replicasets, end)
     print(f"history: {series} series written in {time.monotonic() - started:.0f} s", flush=True)
     started = time.monotonic()
     subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics",
@@ -130,94 +141,70 @@ def build(cache: Path, deployments: int) -> tuple[Path, int]:
                    check=True, capture_output=True)  # fmt: skip
     print(f"backfilled in {time.monotonic() - started:.0f} s", flush=True)
     text.unlink()
-    info.write_text(json.dumps({"end": end, "series": series}))
+    info.write_text(json.dumps({"end": end, "series": series, "replicasets": replicasets}))
     return folder, end
 
 
-def objects(deployments: int) -> list[tuple[str, dict[str, Any]]]:
-    out = []
+def deployment(d: int) -> dict[str, Any]:
+    """Deployment number ``d``: one pod, one container, its kind's limit."""
+    _, _, _, limit = shape(d)
+    name = f"app-{d:04d}"
+    cpu = {"limits": {"cpu": f"{round(limit * 1000)}m"},
+           "requests": {"cpu": f"{round(limit * 500)}m"}}  # fmt: skip
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"namespace": NS, "name": name, "labels": {"tier": "bench"}},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "app", "image": "registry.example/app:1",
+                                         "resources": cpu}]},
+            },
+        },
+    }  # fmt: skip
+
+
+def start_cluster(folder: Path, deployments: int) -> tuple[ControlPlane, list[str]]:
+    """A control plane holding the Deployments, once every one has its ReplicaSet and its
+    pod placed on a fake node; and the ReplicaSets' names, in the Deployments' order."""
+    import subprocess
+
+    plane = ControlPlane(folder / "plane", binaries=ensure_built()).start()
+    started = time.monotonic()
+    # room for every pod (its request is half its limit): 110 pods a fake node
+    for i in range(-(-deployments // 100)):
+        plane.request("POST", "/api/v1/nodes", fake_node(f"bench-{i}", cpu="1000"))
+    kubectl = [str(plane.bin("kubectl")), "--kubeconfig", str(plane.kubeconfig)]
+    subprocess.run([*kubectl, "apply", "-f", str(ROOT / "crds" / "throttlepolicy.yaml")],
+                   check=True, capture_output=True)  # fmt: skip
+    subprocess.run([*kubectl, "wait", "--for=condition=Established", "--timeout=60s",
+                    "crd/throttlepolicies.unthrottle.io"],
+                   check=True, capture_output=True)  # fmt: skip
+    plane.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                 "metadata": {"name": NS}})  # fmt: skip
     for d in range(deployments):
-        _, _, _, limit = shape(d)
-        name, rs = f"app-{d:04d}", f"app-{d:04d}-5f7c9"
-        cpu = {"limits": {"cpu": f"{round(limit * 1000)}m"},
-               "requests": {"cpu": f"{round(limit * 500)}m"}}  # fmt: skip
-        out.append(
-            (
-                "apps/v1/deployments",
-                {
-                    "metadata": {"namespace": NS, "name": name, "labels": {"tier": "bench"}},
-                    "spec": {
-                        "replicas": 1,
-                        "selector": {"matchLabels": {"app": name}},
-                        "template": {
-                            "metadata": {"labels": {"app": name}},
-                            "spec": {
-                                "containers": [{"name": "app", "image": "x", "resources": cpu}]
-                            },
-                        },
-                    },
-                },
-            )
-        )
-        out.append(
-            (
-                "apps/v1/replicasets",
-                {
-                    "metadata": {
-                        "namespace": NS,
-                        "name": rs,
-                        "ownerReferences": [
-                            {"kind": "Deployment", "name": name, "controller": True}
-                        ],
-                    }
-                },
-            )
-        )
-        out.append(("v1/pods", {"metadata": {"namespace": NS, "name": f"{rs}-bx7kz",
-                    "ownerReferences": [{"kind": "ReplicaSet", "name": rs, "controller": True}]},
-                    "spec": {"containers": [{"name": "app"}]}}))  # fmt: skip
-    return out
-
-
-def serve_emulator(objects_file: Path) -> None:
-    """``--serve-emulator``: the emulator in a process of its own (its memory and CPU are
-    not the operator's), holding the objects of a JSON file; its URL on stdout; it ends
-    when stdin closes."""
-    with KubeEmulator() as kube:
-        for resource, obj in json.loads(objects_file.read_text()):
-            kube.put(resource, obj)
-        print(kube.url, flush=True)
-        sys.stdin.read()
-
-
-class EmulatorProcess:
-    """The emulator, served by this script in a subprocess."""
-
-    def __init__(self, folder: Path, items: list[tuple[str, dict[str, Any]]]) -> None:
-        import subprocess
-
-        path = folder / "objects.json"
-        path.write_text(json.dumps(items))
-        command = [sys.executable, __file__, "--serve-emulator", str(path)]
-        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True)  # fmt: skip
-        assert self.proc.stdout is not None
-        self.url = self.proc.stdout.readline().strip()
-        self.kubeconfig = folder / "kubeconfig"
-        self.kubeconfig.write_text(
-            "apiVersion: v1\nkind: Config\ncurrent-context: e\n"
-            f"clusters: [{{name: e, cluster: {{server: '{self.url}'}}}}]\n"
-            "users: [{name: t, user: {token: t}}]\n"
-            "contexts: [{name: e, context: {cluster: e, user: t}}]\n")  # fmt: skip
-
-    def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=30)
-        except Exception:
-            self.proc.kill()
-            self.proc.wait()
+        status, reply = plane.request("POST", f"/apis/apps/v1/namespaces/{NS}/deployments",
+                                      deployment(d))  # fmt: skip
+        if status != 201:
+            raise RuntimeError(f"Deployment {d}: HTTP {status}: {reply}")
+    deadline = time.monotonic() + 1800
+    while True:
+        _, reply = plane.request("GET", f"/apis/apps/v1/namespaces/{NS}/deployments")
+        ready = sum(1 for item in reply["items"]
+                    if (item.get("status") or {}).get("availableReplicas") == 1)  # fmt: skip
+        if ready == deployments:
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {ready} of {deployments} Deployments rolled out")
+        time.sleep(2)
+    _, reply = plane.request("GET", f"/apis/apps/v1/namespaces/{NS}/replicasets")
+    owner = {rs["metadata"]["ownerReferences"][0]["name"]: rs["metadata"]["name"]
+             for rs in reply["items"]}  # fmt: skip
+    print(f"cluster: {deployments} Deployments rolled out in "
+          f"{time.monotonic() - started:.0f} s", flush=True)  # fmt: skip
+    return plane, [owner[f"app-{d:04d}"] for d in range(deployments)]
 
 
 def rss_mb() -> float:
@@ -245,15 +232,6 @@ def limits_of(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    from kubernetes import client
-
-    from unthrottle.kube.objects import KubeObjects
-    from unthrottle.kube.workloads import KubeWorkloadStore
-    from unthrottle.operator.evidence import IncrementalReader
-    from unthrottle.operator.reconcile import Reconciler
-    from unthrottle.operator.settings import OperatorSettings
-    from unthrottle.scan import ScanRequest, scan
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--deployments", type=int, default=1000)
     parser.add_argument("--cache", type=Path, default=Path("/tmp/unthrottle-bench"))
@@ -264,20 +242,34 @@ def main() -> None:
         action="store_true",
         help="tracemalloc: what is held after the 10th reconcile, not the 2nd",
     )
-    parser.add_argument("--serve-emulator", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.serve_emulator:
-        serve_emulator(args.serve_emulator)
-        return
-    folder, end = build(args.cache, args.deployments)
+    import tempfile
+
+    scratch = Path(tempfile.mkdtemp(prefix="unthrottle-bench-"))
+    plane, replicasets = start_cluster(scratch, args.deployments)
+    try:
+        run(args, plane, replicasets)
+    finally:
+        plane.stop()
+        import shutil
+
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, plane: ControlPlane, replicasets: list[str]) -> None:
+    from kubernetes import client, config
+
+    from unthrottle.kube.objects import KubeObjects
+    from unthrottle.kube.workloads import KubeWorkloadStore
+    from unthrottle.operator.evidence import IncrementalReader
+    from unthrottle.operator.reconcile import Reconciler
+    from unthrottle.operator.settings import OperatorSettings
+    from unthrottle.scan import ScanRequest, scan
+
+    folder, end = build(args.cache, replicasets)
     t0 = end - HOUR + 60
     out: dict[str, Any] = {"deployments": args.deployments, "window_s": WINDOW}
-    from kubernetes import config
-
-    emulator = EmulatorProcess(folder, objects(args.deployments))
-    configuration = client.Configuration()
-    config.load_kube_config(str(emulator.kubeconfig), client_configuration=configuration)
-    api = client.ApiClient(configuration)
+    api = config.new_client_from_config(str(plane.kubeconfig))
     custom = client.CustomObjectsApi(api)
     policies = ("unthrottle.io", "v1alpha1", NS, "throttlepolicies")
     with PrometheusServer(folder, tsdb=folder / "tsdb") as prom:
@@ -349,7 +341,6 @@ def main() -> None:
         ours, theirs = limits_of(json.loads(report)), limits_of(fresh.to_json("24h"))
         same = sum(1 for d in ours if ours[d] == theirs.get(d))
         out["same_recommendations"] = f"{same} of {len(ours)}"
-    emulator.close()
     first, steady = runs[0], runs[1:]
     out["summary"] = {
         "first_vs_recommend_wall": round(first["wall_s"] / out["recommend"]["wall_s"], 2),

@@ -1,42 +1,50 @@
-"""`make demo`: the whole loop on this machine, with a real kernel and no cluster.
+"""`make demo`: the whole loop on this machine, with a real kernel and a real control plane.
 
     .venv/bin/python demo/loop.py            (run by `make demo`; root for the kernel part)
 
-1. Two workloads from scenarios/ (the request pool and the parallel batch, both
-   throttled today) run in real cgroups laid out as the kubelet lays out pods
-   (``kubepods/burstable/pod<uid>/<container id>``), under their limits.
-2. The node agent samples them every 100 ms; a real Prometheus scrapes the agent.
-3. The operator reconciles a ThrottlePolicy against the Kubernetes emulator, which
-   holds Deployments and pods standing for the workloads: Recommend mode, then Apply.
-   The emulator is a test double (tests/kube_emulator.py), not an API server.
-4. The limit and burst it patched are written into the cgroups (what the kubelet and
-   the agent would do), and the workloads run again.
-5. A before / after table, and the HTML report's path.
+1. A real Kubernetes control plane starts in the demo's temp folder: kube-apiserver, etcd,
+   kube-controller-manager and kube-scheduler (built from their Go modules by `make
+   controlplane`), with one fake node (kwok) standing in for a node and its kubelet.
+2. Two Deployments (the request pool and the parallel batch from scenarios/, both throttled
+   today) are rolled out by the real Deployment controller onto the fake node. Each pod's
+   workload runs in a real cgroup named as the kubelet names it,
+   ``kubepods/burstable/pod<uid>/<container id>``, from the pod object: the UID the API
+   server gave it and the container ID its kubelet (kwok) reported.
+3. The node agent names those cgroups through the API and samples them every 100 ms; a
+   real Prometheus scrapes the agent.
+4. The operator reconciles a ThrottlePolicy on the API server: Recommend mode, then Apply.
+   The Deployment controller rolls out new pods, which carry the new limit and burst.
+5. The new pods' cgroups get that limit and burst (what the kubelet and the agent would
+   write), and the workloads run again in them.
+6. A before / after table, and the HTML report's path.
 
-Without root (no cgroups to write), the same operator loop runs over a day of
-synthesized history and the CFS model gives the throttling before and after.
-Everything started here is stopped, and every cgroup removed, also on Ctrl-C.
+Without root (no cgroups to write), the same operator loop runs on the same control plane
+over a day of synthesized history, and the CFS model gives the throttling before and after.
+Everything started here is stopped by its PID, and every cgroup removed, also on Ctrl-C.
 """
 
 from __future__ import annotations
 
-import hashlib
+import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests")]
-from kube_emulator import KubeEmulator  # noqa: E402  (the test double for the API server)
+from kube import Kube  # noqa: E402  (plain calls to the API server, and rollout waits)
 from unthrottle.cfs.settings import format_cpu, parse_cpu  # noqa: E402
+from unthrottle.devtools.kube import BuildError, ControlPlane, StartError, ensure_built  # noqa: E402
 from unthrottle.devtools.processes import stop  # noqa: E402
 from unthrottle.devtools.prometheus import PrometheusServer, free_port, have_prometheus  # noqa: E402
 from unthrottle.model.burst import burst_specs, spec_for  # noqa: E402
@@ -44,7 +52,8 @@ from unthrottle.model.scenario import RunSpec, Scenario, load_scenario  # noqa: 
 
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
 POLICIES = "unthrottle.io/v1alpha1/throttlepolicies"
-NODE, NS = "demo-node", "shop"
+NS = "shop"
+CONTAINER = "app"
 TARGET = 0.05
 SAVE = os.environ.get("UNTHROTTLE_DEMO_JSON")
 """Where to write the before / after figures as JSON too (the demo's test reads them)."""
@@ -52,87 +61,90 @@ SAVE = os.environ.get("UNTHROTTLE_DEMO_JSON")
 
 def save(doc: dict[str, Any]) -> None:
     if SAVE:
-        import json
-
         Path(SAVE).write_text(json.dumps(doc, indent=1))
-
-
-@dataclass
-class App:
-    """A scenario standing for a Deployment with one pod and one container."""
-
-    name: str
-    scenario: Scenario
-
-    @property
-    def uid(self) -> str:
-        h = hashlib.sha256(self.name.encode()).hexdigest()
-        return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
-
-    @property
-    def container_id(self) -> str:
-        return hashlib.sha256(f"container {self.name}".encode()).hexdigest()
-
-    @property
-    def limit_millicores(self) -> int:
-        cpus = self.scenario.runs[0].cpus
-        assert cpus is not None
-        return round(cpus * 1000)
-
-    def objects(self) -> list[tuple[str, dict[str, Any]]]:
-        rs, pod = f"{self.name}-6b7c8d", f"{self.name}-6b7c8d-x2k4q"
-        limit = self.limit_millicores
-        resources = {"limits": {"cpu": format_cpu(limit)},
-                     "requests": {"cpu": format_cpu(max(limit // 4, 10))}}  # fmt: skip
-        return [
-            ("apps/v1/deployments", {"metadata": {"namespace": NS, "name": self.name,
-                                                  "labels": {"demo": "unthrottle"}},
-             "spec": {"replicas": 1, "selector": {"matchLabels": {"app": self.name}},
-                      "template": {"metadata": {"labels": {"app": self.name}},
-                                   "spec": {"containers": [{"name": "app", "image": "demo",
-                                                            "resources": resources}]}}}}),
-            ("apps/v1/replicasets", {"metadata": {"namespace": NS, "name": rs, "ownerReferences": [
-                {"kind": "Deployment", "name": self.name, "controller": True}]}}),
-            ("v1/pods", {"metadata": {"namespace": NS, "name": pod, "uid": self.uid,
-                                      "ownerReferences": [{"kind": "ReplicaSet", "name": rs,
-                                                           "controller": True}]},
-                         "spec": {"nodeName": NODE, "containers": [{"name": "app"}]},
-                         "status": {"containerStatuses": [{
-                             "name": "app", "containerID": f"containerd://{self.container_id}"}]}}),
-        ]  # fmt: skip
-
-
-def wait_healthy(url: str, seconds: float = 20) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=1) as reply:
-                if reply.status == 200:
-                    time.sleep(1)  # its first discovery, through the API
-                    return
-        except OSError:
-            time.sleep(0.2)
-    raise SystemExit(f"the agent did not become healthy at {url}")
 
 
 def say(step: str) -> None:
     print(f"\n==> {step}", flush=True)
 
 
-def apps() -> list[App]:
-    """The request pool and the parallel batch, run longer than in `lab tune` (about 10 s
-    each), so that the agent sees a hundred windows of each."""
-    out = []
-    for name, file, tasks in (("pool", "tune-open-pool.yaml", 600),
-                              ("batch", "tune-batch-parallel.yaml", 80)):  # fmt: skip
-        scenario = load_scenario(ROOT / "scenarios" / file)
-        workload = scenario.workload.model_copy(update={"tasks": tasks})
-        out.append(App(name, scenario.model_copy(update={"workload": workload})))
-    return out
+# -- the control plane ---------------------------------------------------------------------
 
 
-def reconciler(kube: KubeEmulator, folder: Path, prometheus_url: str) -> Any:
-    """The operator's reconciler, in this process, against the emulator."""
+@contextmanager
+def control_plane(folder: Path) -> Iterator[Kube]:
+    """A real control plane with one fake node, the ThrottlePolicy CRD applied with its own
+    kubectl (as the README says), and the ``shop`` namespace; stopped by PID at the end."""
+    say("a real Kubernetes control plane (built from its Go modules), one fake node (kwok)")
+    with ControlPlane(folder / "control-plane", nodes=1, binaries=ensure_built()) as plane:
+        print(f"  Kubernetes {plane.version} at {plane.server}: kube-apiserver, etcd, "
+              f"kube-controller-manager, kube-scheduler and kwok, ready in "
+              f"{plane.started_in_s:.0f} s", flush=True)  # fmt: skip
+        kubectl = [str(plane.bin("kubectl")), "--kubeconfig", str(plane.kubeconfig)]
+        for args in (["apply", "-f", str(ROOT / "crds" / "throttlepolicy.yaml")],
+                     ["wait", "--for=condition=Established", "--timeout=60s",
+                      "crd/throttlepolicies.unthrottle.io"]):  # fmt: skip
+            done = subprocess.run([*kubectl, *args], capture_output=True, text=True,
+                                  timeout=90, check=False)  # fmt: skip
+            if done.returncode != 0:
+                raise SystemExit(f"kubectl {' '.join(args)}: {done.stderr.strip()}")
+        kube = Kube(plane, NS)
+        kube.create_namespace(NS)
+        yield kube
+
+
+@dataclass(frozen=True)
+class Pod:
+    """A running pod as the API server and its kubelet (kwok) report it: what names its
+    cgroups, and the limit and burst its container was given."""
+
+    name: str
+    uid: str
+    qos: str
+    node: str
+    container_id: str
+    limit_millicores: int
+    burst_us: int
+
+    @classmethod
+    def of(cls, obj: dict[str, Any]) -> Pod:
+        meta, spec, status = obj["metadata"], obj["spec"], obj["status"]
+        (cid,) = [cs["containerID"].partition("://")[2]
+                  for cs in status["containerStatuses"] if cs["name"] == CONTAINER]  # fmt: skip
+        (container,) = [c for c in spec["containers"] if c["name"] == CONTAINER]
+        limit = parse_cpu(container["resources"]["limits"]["cpu"])
+        asked = spec_for(burst_specs(meta.get("annotations") or {}), CONTAINER)
+        burst, _ = asked.resolve(limit * 100) if asked else (0, False)
+        return cls(meta["name"], meta["uid"], status["qosClass"], spec["nodeName"], cid,
+                   limit, burst)  # fmt: skip
+
+    @property
+    def cgroup(self) -> str:
+        """The pod's cgroup below the kubelet's parent (cgroupfs driver)."""
+        qos = {"Guaranteed": "", "Burstable": "burstable/", "BestEffort": "besteffort/"}
+        return f"kubepods/{qos[self.qos]}pod{self.uid}"
+
+    def settings(self) -> RunSpec:
+        """The limit and burst the kubelet and the agent write into its container's cgroup."""
+        return RunSpec(cpus=self.limit_millicores / 1000, burst_ms=self.burst_us / 1000)
+
+    def describe(self) -> str:
+        burst = f", burst {self.burst_us / 1000:g} ms" if self.burst_us else ""
+        return (f"pod {NS}/{self.name} on {self.node}: limit {format_cpu(self.limit_millicores)}"
+                f"{burst}; cgroup {self.cgroup}/{self.container_id[:12]}…")  # fmt: skip
+
+
+def pod_of(kube: Kube, deployment: str) -> Pod:
+    """A pod of the Deployment's current ReplicaSet, once its rollout is complete."""
+    rs = kube.replicaset_of(kube.rolled_out(NS, deployment, timeout_s=90))
+    return Pod.of(kube.pods_of(rs)[0])
+
+
+# -- the operator ----------------------------------------------------------------------------
+
+
+def reconciler(kube: Kube, prometheus_url: str) -> Any:
+    """The operator's reconciler, in this process, against the API server."""
     from kubernetes import client
 
     from unthrottle.kube.deployments import KubeDeployments
@@ -142,7 +154,7 @@ def reconciler(kube: KubeEmulator, folder: Path, prometheus_url: str) -> Any:
     from unthrottle.operator.reconcile import Reconciler
     from unthrottle.operator.settings import OperatorSettings
 
-    api = kube.api_client(kube.kubeconfig(folder / "kubeconfig"))
+    api = kube.api_client()
     source = PrometheusSource(PrometheusConfig(prometheus_url))
     return Reconciler(
         OperatorSettings(source.config), metrics=source,
@@ -151,7 +163,7 @@ def reconciler(kube: KubeEmulator, folder: Path, prometheus_url: str) -> Any:
     )  # fmt: skip
 
 
-def reconcile(kube: KubeEmulator, operator: Any, spec: dict[str, Any]) -> dict[str, Any]:
+def reconcile(kube: Kube, operator: Any, spec: dict[str, Any]) -> dict[str, Any]:
     """Create or update the policy, reconcile it once, return its status."""
     if kube.get(POLICIES, NS, "demo") is None:
         kube.create(POLICIES, {"apiVersion": "unthrottle.io/v1alpha1",
@@ -171,28 +183,15 @@ def show_status(status: dict[str, Any]) -> None:
         for c in w["containers"]:
             rec = c["recommended"] or {}
             print(
-                f"  {w['deployment']:<6} {w['state']:<11} limit {c['current']['cpuLimit']} → "
+                f"  {w['deployment']:<8} {w['state']:<11} limit {c['current']['cpuLimit']} → "
                 f"{rec.get('cpuLimit')}, burst {rec.get('burst')}, throttled "
                 f"{(c['throttleRatio'] or 0) * 100:.0f} % of periods → expected "
                 f"{(c['expectedThrottleRatio'] or 0) * 100:.1f} %  ({w['message'] or c['reason']})"
             )
 
 
-def patched(kube: KubeEmulator, name: str) -> tuple[int, int]:
-    """The limit (millicores) and burst (µs) the Deployment now asks for."""
-    deploy = kube.get("apps/v1/deployments", NS, name)
-    assert deploy is not None
-    template = deploy["spec"]["template"]
-    limit = parse_cpu(template["spec"]["containers"][0]["resources"]["limits"]["cpu"])
-    spec = spec_for(burst_specs((template.get("metadata") or {}).get("annotations") or {}), "app")
-    burst, _ = spec.resolve(limit * 100) if spec else (0, False)
-    return limit, burst
-
-
-def write_report(kube: KubeEmulator, folder: Path, operator: Any) -> Path:
+def write_report(kube: Kube) -> Path:
     """The HTML report of the policy's latest result (from its report ConfigMap)."""
-    import json
-
     from unthrottle.report import Report, render
     from unthrottle.report.formats import RenderOptions
 
@@ -205,6 +204,16 @@ def write_report(kube: KubeEmulator, folder: Path, operator: Any) -> Path:
     return path
 
 
+def rolled_out(kube: Kube, names: list[str], step: str = "") -> dict[str, Pod]:
+    """The Deployment controller's new pods, once each rollout is complete."""
+    say(f"{step}the Deployment controller rolls out new pods, with the new limit and burst")
+    after = {}
+    for name in names:
+        after[name] = pod_of(kube, name)
+        print(f"  {name}: {after[name].describe()}", flush=True)
+    return after
+
+
 def table(rows: list[tuple[str, str, str, str, str]]) -> None:
     header = ("workload", "settings", "limit / burst", "throttled periods", "p99 latency")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(5)]
@@ -212,156 +221,292 @@ def table(rows: list[tuple[str, str, str, str, str]]) -> None:
         print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
 
 
+def closing(kube: Kube, report: Path, *, cgroups: bool) -> None:
+    wrote = ", and this demo wrote the cgroups a kubelet would," if cgroups else ""
+    print(f"\nThe HTML report: {report}\n(fake nodes (kwok) stood in for kubelets{wrote} on a "
+          "real control plane: kube-apiserver, etcd, controller-manager, scheduler "
+          f"{kube.plane.version}. On a real cluster, install the chart and apply a policy, "
+          "see README.md)")  # fmt: skip
+
+
 # -- on the kernel -----------------------------------------------------------------------
 
 
-@contextmanager
-def kubelet_tree(layout: Any, root: str, pods: list[App]) -> Iterator[dict[str, str]]:
-    """The kubepods tree for the pods; their container cgroups are the lab's runs."""
-    from unthrottle.cgroups import Cgroup
+@dataclass
+class App:
+    """A scenario standing for a Deployment with one pod and one container."""
 
-    made = []
-    try:
-        for path in (root, f"{root}/kubepods", f"{root}/kubepods/burstable"):
-            made.append(Cgroup(layout, path))
-            made[-1].create()
-        paths = {}
-        for app in pods:
-            pod = f"{root}/kubepods/burstable/pod{app.uid}"
-            made.append(Cgroup(layout, pod))
-            made[-1].create()
-            paths[app.name] = f"{pod}/{app.container_id}"
-        yield paths
-    finally:
-        for cg in reversed(made):
+    name: str
+    scenario: Scenario
+
+    @property
+    def limit_millicores(self) -> int:
+        cpus = self.scenario.runs[0].cpus
+        assert cpus is not None
+        return round(cpus * 1000)
+
+    def deployment(self) -> dict[str, Any]:
+        limit = self.limit_millicores
+        resources = {"limits": {"cpu": format_cpu(limit)},
+                     "requests": {"cpu": format_cpu(max(limit // 4, 10))}}  # fmt: skip
+        return {
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"namespace": NS, "name": self.name, "labels": {"demo": "unthrottle"}},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": self.name}},
+                     "template": {"metadata": {"labels": {"app": self.name}},
+                                  "spec": {"containers": [{
+                                      "name": CONTAINER, "image": f"registry.example/{self.name}:1",
+                                      "resources": resources}]}}},
+        }  # fmt: skip
+
+
+def apps() -> list[App]:
+    """The request pool and the parallel batch, run longer than in `lab tune` (about 10 s
+    each), so that the agent sees a hundred windows of each."""
+    out = []
+    for name, file, tasks in (("pool", "tune-open-pool.yaml", 600),
+                              ("batch", "tune-batch-parallel.yaml", 80)):  # fmt: skip
+        scenario = load_scenario(ROOT / "scenarios" / file)
+        workload = scenario.workload.model_copy(update={"tasks": tasks})
+        out.append(App(name, scenario.model_copy(update={"workload": workload})))
+    return out
+
+
+class KubeletTree:
+    """The cgroups a kubelet (cgroupfs driver) makes for the node's pods, below ``root``:
+    ``kubepods``, its QoS levels, a cgroup per pod; removed when the pod is gone. Every one
+    left is removed on exit. The containers' cgroups are the lab's runs."""
+
+    def __init__(self, layout: Any, root: str) -> None:
+        self.layout, self.root = layout, root
+        self.made: list[Any] = []
+
+    def _make(self, path: str) -> None:
+        from unthrottle.cgroups import Cgroup
+
+        if any(cg.path == path for cg in self.made):
+            return
+        cg = Cgroup(self.layout, path)
+        cg.create()
+        self.made.append(cg)
+
+    def __enter__(self) -> KubeletTree:
+        self._make(self.root)
+        self._make(f"{self.root}/kubepods")
+        return self
+
+    def add(self, pod: Pod) -> str:
+        """Make the pod's cgroup; return its container's cgroup path (made by the run)."""
+        parent = self.root
+        for part in pod.cgroup.split("/"):
+            parent = f"{parent}/{part}"
+            self._make(parent)
+        return f"{self.root}/{pod.cgroup}/{pod.container_id}"
+
+    def remove(self, pod: Pod) -> None:
+        """The pod is gone: its cgroup too."""
+        path = f"{self.root}/{pod.cgroup}"
+        for cg in [cg for cg in self.made if cg.path == path]:
+            cg.remove()
+            self.made.remove(cg)
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 tb: TracebackType | None) -> None:  # fmt: skip
+        for cg in reversed(self.made):
             if cg.exists():
                 cg.remove()
+        self.made.clear()
 
 
-def run(app: App, spec: RunSpec, layout: Any, cgroup: str) -> Any:
+def wait_healthy(url: str, seconds: float = 20) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as reply:
+                if reply.status == 200:
+                    time.sleep(1)  # its first discovery, through the API
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise SystemExit(f"the agent did not become healthy at {url}")
+
+
+@contextmanager
+def agent(kube: Kube, node: str, root: str, folder: Path) -> Iterator[tuple[int, int]]:
+    """``unthrottle agent`` for the fake node, naming cgroups through the API server: its
+    port and PID. It writes no burst: the demo writes it with the limit, as the kubelet writes
+    the quota (the agent grants none while the node's CPU is above its threshold, and the
+    workloads fill this machine)."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [str(UNTHROTTLE), "agent", "--kubeconfig", str(kube.plane.kubeconfig),
+         "--node-name", node, "--kubepods-parent", root, "--listen", f"127.0.0.1:{port}",
+         "--period", "100ms", "--discover-every", "500ms", "--no-burst"],
+        stdout=subprocess.DEVNULL, stderr=(folder / "agent.log").open("w"),
+    )  # fmt: skip
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}/healthz")
+        yield port, proc.pid
+    finally:
+        stop(proc, timeout_s=15)
+
+
+def scrape_config(port: int) -> str:
+    return ("scrape_configs:\n  - job_name: agent\n"
+            f"    static_configs: [{{targets: ['127.0.0.1:{port}']}}]\n")  # fmt: skip
+
+
+def named_by_agent(prometheus_url: str) -> list[str]:
+    """``namespace/pod/container`` of every container series the agent exported (from
+    Prometheus, which keeps those of the cgroups gone since)."""
+    query = ("group by (namespace, pod, container) (last_over_time("
+             'unthrottle_cpu_cfs_periods_total{container!=""}[10m]))')  # fmt: skip
+    url = f"{prometheus_url}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        result = json.loads(reply.read())["data"]["result"]
+    return sorted("/".join(r["metric"][k] for k in ("namespace", "pod", "container"))
+                  for r in result)  # fmt: skip
+
+
+def measure(app: App, pod: Pod, layout: Any, cgroup: str) -> Any:
+    """The app's workload in its pod's container cgroup, under the pod's limit and burst."""
     from unthrottle.lab.runner import LabOptions, run_run
 
-    return run_run(
-        app.scenario.workload.to_workload(), spec, layout, LabOptions(cgroup_name=cgroup)
-    )
+    print(f"  {app.name}: {pod.settings().label()} …", flush=True)
+    return run_run(app.scenario.workload.to_workload(), pod.settings(), layout,
+                   LabOptions(cgroup_name=cgroup))  # fmt: skip
 
 
-def on_the_kernel(layout: Any, folder: Path) -> None:
-    pods = apps()
-    root = f"unthrottle-demo-{os.getpid()}"
-    with KubeEmulator() as kube, kubelet_tree(layout, root, pods) as cgroups:
-        for app in pods:
-            for resource, obj in app.objects():
-                kube.put(resource, obj)
-        port = free_port()
-        say("1-2. the node agent samples the pods' cgroups; a real Prometheus scrapes it")
-        agent = subprocess.Popen(
-            [str(UNTHROTTLE), "agent", "--kubeconfig", str(kube.kubeconfig(folder / "agent-kc")),
-             "--node-name", NODE, "--kubepods-parent", root, "--listen", f"127.0.0.1:{port}",
-             "--period", "100ms", "--discover-every", "500ms", "--no-burst"],
-            stdout=subprocess.DEVNULL, stderr=(folder / "agent.log").open("w"),
-        )  # fmt: skip
-        try:
-            scrape = ("scrape_configs:\n  - job_name: agent\n"
-                      f"    static_configs: [{{targets: ['127.0.0.1:{port}']}}]\n")  # fmt: skip
-            with PrometheusServer(folder, scrape=scrape) as prom:
-                wait_healthy(f"http://127.0.0.1:{port}/healthz")
-                before = {}
-                for app in pods:
-                    print(
-                        f"  {app.name}: {app.scenario.runs[0].label()} (today's limit) …",
-                        flush=True,
-                    )
-                    before[app.name] = run(app, app.scenario.runs[0], layout, cgroups[app.name])
-                time.sleep(3)  # the last windows scraped
-                operator = reconciler(kube, folder, prom.url)
-                say("3. the operator: Recommend mode (nothing is patched)")
-                policy = {"window": "10m", "targetThrottleRatio": TARGET,
-                          "selector": {"matchLabels": {"demo": "unthrottle"}}}  # fmt: skip
-                show_status(reconcile(kube, operator, policy))
-                report = write_report(kube, folder, operator)
-                say("3. the operator: Apply mode (JSON Patches with their records)")
-                show_status(reconcile(kube, operator, {"mode": "Apply",
-                                                       "apply": {"maxConcurrent": 2}}))  # fmt: skip
-                say(
-                    "4. the kubelet and the agent write the new limit and burst; "
-                    "the workloads run again"
-                )
-                rows, results = [], {}
-                for app in pods:
-                    limit, burst = patched(kube, app.name)
-                    spec = RunSpec(cpus=limit / 1000, burst_ms=burst / 1000)
-                    print(f"  {app.name}: {spec.label()} …", flush=True)
-                    after = run(app, spec, layout, cgroups[app.name])
-                    results[app.name] = {
-                        "before": {"limit_millicores": app.limit_millicores,
-                                   "throttle_ratio": before[app.name].stat.throttle_ratio,
-                                   "p99_ms": before[app.name].latency.p99},
-                        "after": {"limit_millicores": limit, "burst_us": burst,
-                                  "throttle_ratio": after.stat.throttle_ratio,
-                                  "p99_ms": after.latency.p99},
-                    }  # fmt: skip
-                    for name, settings, fig in (("today", app.scenario.runs[0], before[app.name]),
-                                                ("unthrottle", spec, after)):  # fmt: skip
-                        bw = settings.bandwidth()
-                        cpu = format_cpu(round((bw.quota_us or 0) / 100))
-                        rows.append((app.name if name == "today" else "", name,
-                                     f"{cpu} / {bw.burst_us / 1000:g} ms",
-                                     f"{fig.stat.throttle_ratio * 100:.0f} %",
-                                     f"{fig.latency.p99:.1f} ms"))  # fmt: skip
-        finally:
-            stop(agent, timeout_s=15)
-    say("5. before and after, measured on this kernel")
+def operate(kube: Kube, prometheus_url: str) -> Path:
+    """The operator on the policy: Recommend mode, the report, then Apply mode."""
+    operator = reconciler(kube, prometheus_url)
+    say("3. the operator: Recommend mode (nothing is patched)")
+    policy = {"window": "10m", "targetThrottleRatio": TARGET,
+              "selector": {"matchLabels": {"demo": "unthrottle"}}}  # fmt: skip
+    show_status(reconcile(kube, operator, policy))
+    report = write_report(kube)
+    say("3. the operator: Apply mode (JSON Patches with their records)")
+    show_status(reconcile(kube, operator, {"mode": "Apply", "apply": {"maxConcurrent": 2}}))
+    return report
+
+
+def compare(pods: dict[str, App], today: dict[str, Pod], now: dict[str, Pod],
+            before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """The before / after table, and its figures for the JSON."""
+    rows, results = [], {}
+    for name in pods:
+        then, new = before[name], after[name]
+        results[name] = {
+            "before": {"pod": today[name].name, "limit_millicores": today[name].limit_millicores,
+                       "throttle_ratio": then.stat.throttle_ratio, "p99_ms": then.latency.p99},
+            "after": {"pod": now[name].name, "limit_millicores": now[name].limit_millicores,
+                      "burst_us": now[name].burst_us, "throttle_ratio": new.stat.throttle_ratio,
+                      "p99_ms": new.latency.p99},
+        }  # fmt: skip
+        for label, pod, fig in (("today", today[name], then), ("unthrottle", now[name], new)):
+            rows.append((name if label == "today" else "", label,
+                         f"{format_cpu(pod.limit_millicores)} / {pod.burst_us / 1000:g} ms",
+                         f"{fig.stat.throttle_ratio * 100:.0f} %",
+                         f"{fig.latency.p99:.1f} ms"))  # fmt: skip
+    say("6. before and after, measured on this kernel")
     table(rows)
-    save({"target": TARGET, "workloads": results, "report": str(report)})
-    print(f"\nThe HTML report: {report}\n(the emulator stood in for the Kubernetes API: on a real "
-          "cluster, install the chart and apply a policy, see README.md)")  # fmt: skip
+    return results
+
+
+def on_the_kernel(layout: Any, folder: Path, kube: Kube) -> None:
+    pods = {app.name: app for app in apps()}
+    say("1. the Deployments, rolled out by the real Deployment controller onto the fake node")
+    for app in pods.values():
+        kube.create("apps/v1/deployments", app.deployment())
+    today = {name: pod_of(kube, name) for name in pods}
+    for name, pod in today.items():
+        print(f"  {name}: {pod.describe()}", flush=True)
+    (node,) = {pod.node for pod in today.values()}
+    root = f"unthrottle-demo-{os.getpid()}"
+    with KubeletTree(layout, root) as tree:
+        cgroups = {name: tree.add(pod) for name, pod in today.items()}  # before the agent looks
+        with (
+            agent(kube, node, root, folder) as (port, pid),
+            PrometheusServer(folder, scrape=scrape_config(port)) as prom,
+        ):
+            say("2. the node agent names the pods' cgroups through the API and samples them; "
+                "a real Prometheus scrapes it")  # fmt: skip
+            before = {n: measure(app, today[n], layout, cgroups[n]) for n, app in pods.items()}
+            time.sleep(3)  # the last windows scraped
+            report = operate(kube, prom.url)
+            now = rolled_out(kube, list(pods), "4. ")
+            say("5. the new pods' cgroups get the new limit and burst (as the kubelet and the "
+                "agent write them); the workloads run again")  # fmt: skip
+            after = {}
+            for name, app in pods.items():
+                tree.remove(today[name])  # the old pod is gone, and its cgroup with it
+                after[name] = measure(app, now[name], layout, tree.add(now[name]))
+            time.sleep(2)  # the last windows scraped
+            named = named_by_agent(prom.url)
+            started = [*kube.plane.pids().values(), pid]  # the test checks that they end
+    print(f"  the agent named, through the API: {', '.join(named)}")
+    results = compare(pods, today, now, before, after)
+    save({"target": TARGET, "workloads": results, "named": named, "report": str(report),
+          "folder": str(folder), "pids": started})  # fmt: skip
+    closing(kube, report, cgroups=True)
 
 
 # -- without root: the model ---------------------------------------------------------------
 
 
-def on_the_model(folder: Path) -> None:
-    from shop import HEALTHY, THROTTLED, objects, openmetrics
+def on_the_model(folder: Path, kube: Kube) -> None:
+    from shop import HEALTHY, THROTTLED, deployment, openmetrics, rehash
     from unthrottle.cfs.series import simulate_series
     from unthrottle.cfs.settings import Bandwidth
     from unthrottle.metrics.evidence import fetch
 
     print("no root here: the cgroups cannot be written, so the loop runs over a day of "
           "synthesized history and the CFS model measures before and after")  # fmt: skip
-    shop = [THROTTLED, HEALTHY]
+    for w in (THROTTLED, HEALTHY):
+        kube.create("apps/v1/deployments", deployment(w))
+    # rolled out: the history names pods of the ReplicaSets the controller made
+    shop = [rehash(kube, w) for w in (THROTTLED, HEALTHY)]
+    names = [w.name for w in shop]
     end = int(time.time()) // 60 * 60
-    with (
-        KubeEmulator() as kube,
-        PrometheusServer(folder, openmetrics=openmetrics(shop, end)) as prom,
-    ):
-        for w in shop:
-            for resource, obj in objects(w):
-                kube.put(resource, obj)
-        operator = reconciler(kube, folder, prom.url)
+    with PrometheusServer(folder, openmetrics=openmetrics(shop, end)) as prom:
+        operator = reconciler(kube, prom.url)
         say("the operator: Recommend mode")
         show_status(reconcile(kube, operator, {"window": "12h"}))
-        report = write_report(kube, folder, operator)
-        say("the operator: Apply mode")
-        show_status(reconcile(kube, operator, {"mode": "Apply", "apply": {"maxConcurrent": 2}}))
+        report = write_report(kube)
         owners = operator.workloads.pod_owners([NS])
         found = fetch(operator.metrics, [NS], 12 * 3600, at=end, owners=owners)
-        rows = []
-        for w in shop:
-            item = next(v for k, v in found.items() if k.deployment == w.name)
-            demand = item.period_evidence().demand_us
-            limit, burst = patched(kube, w.name)
-            ours = Bandwidth(limit * 100, burst_us=burst)
-            for name, bandwidth in (("today", Bandwidth(round(w.limit * 100_000))),
-                                    ("unthrottle", ours)):  # fmt: skip
-                ratio = simulate_series(demand, bandwidth).throttle_ratio
-                rows.append((w.name if name == "today" else "", name,
-                             f"{format_cpu((bandwidth.quota_us or 0) // 100)} / "
-                             f"{bandwidth.burst_us / 1000:g} ms",
-                             f"{ratio * 100:.0f} %", "–"))  # fmt: skip
+        say("the operator: Apply mode")
+        show_status(reconcile(kube, operator, {"mode": "Apply", "apply": {"maxConcurrent": 2}}))
+    now = rolled_out(kube, names)
+    rows = []
+    for w in shop:
+        item = next(v for k, v in found.items() if k.deployment == w.name)
+        demand = item.period_evidence().demand_us
+        new = now[w.name]
+        ours = Bandwidth(new.limit_millicores * 100, burst_us=new.burst_us)
+        for label, bandwidth in (("today", Bandwidth(round(w.limit * 100_000))),
+                                 ("unthrottle", ours)):  # fmt: skip
+            ratio = simulate_series(demand, bandwidth).throttle_ratio
+            rows.append((w.name if label == "today" else "", label,
+                         f"{format_cpu((bandwidth.quota_us or 0) // 100)} / "
+                         f"{bandwidth.burst_us / 1000:g} ms",
+                         f"{ratio * 100:.0f} %", "–"))  # fmt: skip
     say("before and after, by the model")
     table(rows)
-    print(f"\nThe HTML report: {report}")
+    closing(kube, report, cgroups=False)
+
+
+def kernel_layout() -> Any:
+    """The cgroup layout, when this is root and a CPU controller is there; else None."""
+    if os.geteuid() != 0:
+        return None
+    from unthrottle.cgroups import CgroupError, detect_layout
+
+    try:
+        return detect_layout()
+    except CgroupError as error:
+        print(f"no usable cgroup CPU controller ({error})")
+        return None
 
 
 def main() -> int:
@@ -369,19 +514,16 @@ def main() -> int:
         print("the demo needs Debian's prometheus: make demo installs it as root")
         return 1
     with tempfile.TemporaryDirectory(prefix="unthrottle-demo-") as folder:
-        layout = None
-        if os.geteuid() == 0:
-            from unthrottle.cgroups import CgroupError, detect_layout
-
-            try:
-                layout = detect_layout()
-            except CgroupError as error:
-                print(f"no usable cgroup CPU controller ({error})")
+        layout = kernel_layout()
         try:
-            if layout is not None:
-                on_the_kernel(layout, Path(folder))
-            else:
-                on_the_model(Path(folder))
+            with control_plane(Path(folder)) as kube:
+                if layout is not None:
+                    on_the_kernel(layout, Path(folder), kube)
+                else:
+                    on_the_model(Path(folder), kube)
+        except (BuildError, StartError) as error:
+            print(f"the control plane could not start: {error}")
+            return 1
         except KeyboardInterrupt:
             print("\ninterrupted: everything started was stopped, and the cgroups removed")
             return 130

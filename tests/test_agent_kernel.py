@@ -21,7 +21,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from helpers import CgroupTree, kubepods_levels
+from kube import Kube
 from prom import PrometheusServer, free_port, requires_prometheus
+from test_agent_naming import bound_pod, container_ids, fake_nodes
 from unthrottle.cgroups import Cgroup, Layout
 from unthrottle.devtools.processes import stop as stop_process
 from unthrottle.lab.noise import OtherLoad
@@ -69,13 +71,17 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 class Workload(CgroupTree):
-    def __init__(self, layout: Layout, quota_us: int = 30_000) -> None:
+    """A busy thread in the cgroup of container ``cid`` of burstable pod ``uid``, laid out as
+    the kubelet lays them out (cgroupfs driver) below ``root``."""
+
+    def __init__(self, layout: Layout, quota_us: int = 30_000, *, uid: str = UID,
+                 cid: str = CID) -> None:  # fmt: skip
         super().__init__(layout)
         self.quota_us = quota_us
         self.root = f"unthrottle-test-agent-{os.getpid()}"
         self.levels = [
-            *kubepods_levels(self.root, UID),
-            f"{self.root}/kubepods/burstable/pod{UID}/{CID}",
+            *kubepods_levels(self.root, uid),
+            f"{self.root}/kubepods/burstable/pod{uid}/{cid}",
         ]
         self.container = Cgroup(layout, self.levels[-1])
         self.child: subprocess.Popen[bytes] | None = None
@@ -209,19 +215,18 @@ def test_a_real_prometheus_scrapes_the_agent_and_promql_sees_the_demand(
 
 
 def test_the_agent_names_pods_and_containers_through_the_kubernetes_api(
-    workload: Workload, tmp_path: Path
+    layout: Layout, kube: Kube, tmp_path: Path
 ) -> None:
-    from kmock_thread import KmockThread, pod
-
-    with KmockThread() as km:
-        km.put_pod(pod("shop", "api-1", UID, "node-test", {"api": CID},
-                       {"unthrottle.io/cpu-burst": "40ms"}))  # fmt: skip
-        km.put_pod(pod("shop", "elsewhere", "0" * 8 + "-0000-0000-0000-" + "0" * 12, "node-b",
-                       {"api": "f" * 64}))  # fmt: skip
+    here, there = fake_nodes(kube)
+    api = bound_pod(kube, "api-1", here, ["api"], {"unthrottle.io/cpu-burst": "40ms"})
+    bound_pod(kube, "elsewhere", there, ["api"])
+    # the pod's cgroups as its kubelet names them: the server's UID, the reported ID
+    workload = Workload(layout, uid=api["metadata"]["uid"], cid=container_ids(api)["api"])
+    try:
         port = free_port()
         workload.prepare()
         proc = start_agent(
-            ["--kubeconfig", str(km.kubeconfig(tmp_path / "kc")), "--node-name", "node-test",
+            ["--kubeconfig", str(kube.kubeconfig(tmp_path / "kc")), "--node-name", here,
              "--kubepods-parent", workload.root, "--listen", f"127.0.0.1:{port}",
              "--discover-every", "500ms", "--burst-node-threshold", "1.0"],
             tmp_path / "agent.log",
@@ -234,16 +239,19 @@ def test_the_agent_names_pods_and_containers_through_the_kubernetes_api(
             status, text = get(f"http://127.0.0.1:{port}/metrics")
         finally:
             stop(proc)
-    assert status == 200
-    names = {
-        (labels["namespace"], labels["pod"], labels["container"])
-        for labels, _ in samples(text)["unthrottle_cpu_cfs_periods_total"]
-    }
-    # the container by its name, and the pod-level cgroup (its own quota) with container=""
-    assert names == {("shop", "api-1", "api"), ("shop", "api-1", "")}
-    periods = {labels["container"]: v for labels, v in samples(text)[
-        "unthrottle_cpu_cfs_throttled_periods_total"]}  # fmt: skip
-    assert periods["api"] == workload.container.read_stat().nr_throttled >= 5
-    # The annotation asked 40 ms; the quota is 30 ms: the kernel holds 30 ms, and it was counted.
-    assert workload.container.read_bandwidth().burst_us == 30_000
-    assert "unthrottle_agent_burst_clamped_total 1" in text
+        assert status == 200
+        names = {
+            (labels["namespace"], labels["pod"], labels["container"])
+            for labels, _ in samples(text)["unthrottle_cpu_cfs_periods_total"]
+        }
+        # the container by its name, and the pod-level cgroup (its own quota) with container=""
+        assert names == {(kube.namespace, "api-1", "api"), (kube.namespace, "api-1", "")}
+        periods = {labels["container"]: v for labels, v in samples(text)[
+            "unthrottle_cpu_cfs_throttled_periods_total"]}  # fmt: skip
+        assert periods["api"] == workload.container.read_stat().nr_throttled >= 5
+        # The annotation asked 40 ms; the quota is 30 ms: the kernel holds 30 ms, and it was
+        # counted.
+        assert workload.container.read_bandwidth().burst_us == 30_000
+        assert "unthrottle_agent_burst_clamped_total 1" in text
+    finally:
+        workload.cleanup()

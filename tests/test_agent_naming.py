@@ -1,64 +1,148 @@
-"""Pods named through the Kubernetes API, served by the kmock emulator over real HTTP."""
+"""Pods named through the Kubernetes API: the real kube-apiserver, with pods bound to kwok's
+fake nodes, whose stand-in kubelet reports each container's ID as a kubelet does
+(``containerd://<64 hex>``). A fault proxy in front of the server stands for an API that
+goes away or hangs."""
 
 from __future__ import annotations
 
+import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 
-from kmock_thread import KmockThread, pod
+from kube import JSON_PATCH, Kube
+from kube_faults import FaultProxy
 from unthrottle.agent.discovery import Identity
-from unthrottle.agent.naming import CachedPods, KubePodSource, PodInfo, name_cgroups
+from unthrottle.agent.naming import CachedPods, KubePodSource, PodInfo, PodSource, name_cgroups
 
 UID_A = "6f1e7c2a-93b4-4c1d-8e2f-0a1b2c3d4e5f"
 UID_B = "0a0b0c0d-1111-2222-3333-444455556666"
 CID_API = "a" * 64
 CID_SIDECAR = "b" * 64
+CONTAINERD_ID = re.compile(r"[0-9a-f]{64}")
+
+
+# -- pods on the real server (test_agent_kernel.py uses these too) -------------------------
+
+
+def fake_nodes(kube: Kube, count: int = 2) -> list[str]:
+    """Names of ``count`` of the control plane's fake nodes (kwok plays their kubelets)."""
+    names = sorted(n["metadata"]["name"] for n in kube.list("v1/nodes"))
+    assert len(names) >= count, f"the control plane has {len(names)} nodes: {names}"
+    return names[:count]
+
+
+def container_ids(pod: dict[str, Any]) -> dict[str, str]:
+    """Container name → the ID its kubelet reported, without the runtime's prefix."""
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return {cs["name"]: cs["containerID"].partition("://")[2]
+            for cs in statuses if cs.get("containerID")}  # fmt: skip
+
+
+def bound_pod(kube: Kube, name: str, node: str, containers: list[str],
+              annotations: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+    """A pod bound to ``node`` (as the scheduler would bind it), in the test's namespace,
+    once its kubelet reports it running: the server's object, with the UID the server gave
+    it and the container IDs the kubelet reported."""
+    kube.create("v1/pods", {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"namespace": kube.namespace, "name": name,
+                     "annotations": annotations or {}},
+        "spec": {"nodeName": node, "containers": [
+            {"name": c, "image": f"registry.example/{c}:1"} for c in containers]},
+    })  # fmt: skip
+    return kube.until(f"pod {name} running on {node}",
+                      lambda: kube.get("v1/pods", kube.namespace, name) or {},
+                      lambda p: set(container_ids(p)) == set(containers))  # fmt: skip
+
+
+def restart(kube: Kube, name: str, container: str, new_id: str) -> None:
+    """What a kubelet reports when a container restarts: its new ID, one restart more."""
+    pod = kube.get("v1/pods", kube.namespace, name)
+    assert pod is not None
+    index, status = next((i, cs) for i, cs in enumerate(pod["status"]["containerStatuses"])
+                         if cs["name"] == container)  # fmt: skip
+    at = f"/status/containerStatuses/{index}"
+    kube.patch("v1/pods", kube.namespace, name, [
+        {"op": "test", "path": f"{at}/containerID", "value": status["containerID"]},
+        {"op": "replace", "path": f"{at}/containerID", "value": f"containerd://{new_id}"},
+        {"op": "replace", "path": f"{at}/restartCount", "value": status["restartCount"] + 1},
+    ], content_type=JSON_PATCH, sub="status")  # fmt: skip
+
+
+def ours(kube: Kube, pods: Iterable[PodInfo]) -> list[PodInfo]:
+    """The pods of the test's namespace: the nodes are shared with the session's other tests
+    (and a DaemonSet that tolerates every taint runs everywhere)."""
+    return [p for p in pods if p.namespace == kube.namespace]
+
+
+def running(pods: list[PodInfo]) -> bool:
+    return bool(pods) and all(p.containers for p in pods)
+
+
+def listed(kube: Kube, source: PodSource,
+           check: Callable[[list[PodInfo]], bool] = running) -> list[PodInfo]:  # fmt: skip
+    """The test's pods in ``source``'s list, once ``check`` holds on them (by default: some
+    pods, each with its containers' IDs). The agent lists from the API server's cache
+    (``resourceVersion=0``), which may trail a write by a moment: its next discovery sees
+    the write."""
+    return kube.until("the node's pods, as the agent lists them",
+                      lambda: ours(kube, source.pods()), check, timeout_s=10)  # fmt: skip
 
 
 @pytest.fixture
-def api() -> Iterator[tuple[KmockThread, Any]]:
-    with KmockThread() as km:
-        yield km, client.CoreV1Api(client.ApiClient(client.Configuration(host=km.url)))
+def core(kube: Kube) -> client.CoreV1Api:
+    return client.CoreV1Api(kube.api_client())
 
 
-def test_only_this_nodes_pods_with_their_container_ids(api: tuple[KmockThread, Any]) -> None:
-    km, core = api
-    km.put_pod(pod("shop", "api-1", UID_A, "node-a", {"api": CID_API, "envoy": CID_SIDECAR},
-                   {"unthrottle.io/cpu-burst": "40ms"}))  # fmt: skip
-    km.put_pod(pod("shop", "api-2", UID_B, "node-b", {"api": "c" * 64}))
-    pods = KubePodSource(core, "node-a").pods()
-    assert [(p.namespace, p.name, p.uid) for p in pods] == [("shop", "api-1", UID_A)]
-    assert pods[0].containers == {CID_API: "api", CID_SIDECAR: "envoy"}
+# -- the tests ----------------------------------------------------------------------------
+
+
+def test_only_this_nodes_pods_with_their_container_ids(kube: Kube,
+                                                       core: client.CoreV1Api) -> None:  # fmt: skip
+    here, there = fake_nodes(kube)
+    bound_pod(kube, "api-2", there, ["api"])
+    assert [p.name for p in listed(kube, KubePodSource(core, there))] == ["api-2"]
+    api = bound_pod(kube, "api-1", here, ["api", "envoy"], {"unthrottle.io/cpu-burst": "40ms"})
+    pods = listed(kube, KubePodSource(core, here))
+    assert [(p.namespace, p.name, p.uid) for p in pods] == [
+        (kube.namespace, "api-1", api["metadata"]["uid"])
+    ]
+    reported = container_ids(api)
+    assert pods[0].containers == {reported["api"]: "api", reported["envoy"]: "envoy"}
+    assert all(CONTAINERD_ID.fullmatch(cid) for cid in pods[0].containers)  # prefix gone
     assert pods[0].annotations == {"unthrottle.io/cpu-burst": "40ms"}
 
 
-def test_new_restarted_and_deleted_pods_are_followed(api: tuple[KmockThread, Any]) -> None:
-    km, core = api
-    source = KubePodSource(core, "node-a")
-    assert source.pods() == []
-    km.put_pod(pod("shop", "api-1", UID_A, "node-a", {"api": CID_API}))
-    assert source.pods()[0].containers == {CID_API: "api"}
-    km.put_pod(pod("shop", "api-1", UID_A, "node-a", {"api": "d" * 64}))  # restarted
-    assert source.pods()[0].containers == {"d" * 64: "api"}
-    km.delete_pod("shop", "api-1")
-    assert source.pods() == []
+def test_new_restarted_and_deleted_pods_are_followed(kube: Kube, core: client.CoreV1Api) -> None:
+    (node,) = fake_nodes(kube, 1)
+    source = KubePodSource(core, node)
+    assert ours(kube, source.pods()) == []
+    first = container_ids(bound_pod(kube, "api-1", node, ["api"]))["api"]
+    assert listed(kube, source)[0].containers == {first: "api"}
+    restart(kube, "api-1", "api", "d" * 64)
+    restarted = listed(kube, source, lambda pods: pods[0].containers != {first: "api"})
+    assert restarted[0].containers == {"d" * 64: "api"}
+    kube.delete("v1/pods", kube.namespace, "api-1")
+    # deleted: terminating until its kubelet confirms (its cgroups are still there), then gone
+    assert listed(kube, source, lambda pods: pods == []) == []
 
 
 def test_an_api_outage_keeps_the_last_list_and_says_so_once(
-    caplog: pytest.LogCaptureFixture,
+    kube: Kube, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with KmockThread() as km:
-        km.put_pod(pod("shop", "api-1", UID_A, "node-a", {"api": CID_API}))
-        core = client.CoreV1Api(client.ApiClient(client.Configuration(host=km.url)))
-        cached = CachedPods(KubePodSource(core, "node-a"))
-        assert len(cached.pods()) == 1
-    core.api_client.configuration.retries = 0
+    (node,) = fake_nodes(kube, 1)
+    bound_pod(kube, "api-1", node, ["api"])
+    with FaultProxy(kube) as proxy:  # the agent's way to the API server
+        core = client.CoreV1Api(kube.api_client(proxy.kubeconfig(tmp_path / "kc")))
+        cached = CachedPods(KubePodSource(core, node))
+        assert [p.name for p in listed(kube, cached)] == ["api-1"]
     for _ in range(3):
-        assert [p.name for p in cached.pods()] == ["api-1"]  # the emulator is gone
+        assert [p.name for p in ours(kube, cached.pods())] == ["api-1"]  # the API is gone
     assert sum("cannot list pods" in r.message for r in caplog.records) == 1
 
 
@@ -75,13 +159,17 @@ def test_cgroups_get_namespace_pod_and_container_names() -> None:
     assert named == {("shop", "api-1", ""), ("shop", "api-1", "api")}
 
 
-def test_a_pod_list_that_hangs_gives_up_after_the_timeout(api: tuple[KmockThread, Any]) -> None:
-    km, core = api
-    km.put_pod(pod("shop", "api-1", UID_A, "node-a", {"api": CID_API}))
-    cached = CachedPods(KubePodSource(core, "node-a", timeout_s=0.5))
-    assert len(cached.pods()) == 1
-    km.fail_next("GET", "/api/v1/pods", status=None, delay=20)  # answers, 20 s late
-    core.api_client.configuration.retries = 0
-    started = time.monotonic()
-    assert [p.name for p in cached.pods()] == ["api-1"]  # the last good list
-    assert 0.4 < time.monotonic() - started < 5  # it waited, then gave up
+def test_a_pod_list_that_hangs_gives_up_after_the_timeout(kube: Kube, tmp_path: Path) -> None:
+    (node,) = fake_nodes(kube, 1)
+    bound_pod(kube, "api-1", node, ["api"])
+    with FaultProxy(kube) as proxy:
+        core = client.CoreV1Api(kube.api_client(proxy.kubeconfig(tmp_path / "kc")))
+        cached = CachedPods(KubePodSource(core, node, timeout_s=0.5))
+        assert [p.name for p in listed(kube, cached)] == ["api-1"]
+        # every list answers, 20 s late (a client that retried would meet the same)
+        proxy.fail_next("GET", r"^/api/v1/pods$", status=None, count=10, delay=20)
+        proxy.clear_requests()
+        started = time.monotonic()
+        assert [p.name for p in ours(kube, cached.pods())] == ["api-1"]  # the last good list
+        assert 0.4 < time.monotonic() - started < 1.5  # it waited, then gave up: not 4 × 0.5 s
+        assert len(proxy.requests("GET", r"^/api/v1/pods$")) == 1  # one request, no retries

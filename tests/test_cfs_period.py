@@ -6,8 +6,9 @@ node: then the largest, with a warning); where only cAdvisor's counters exist, a
 ``--cfs-period`` (``recommend``) or the operator's own setting. Every recommendation says
 which period it used and where it came from, and Apply writes bursts and quotas at it.
 
-A real Prometheus serves the history, the Kubernetes emulator the Deployments; the
-workloads have the same per-window demand and differ only in their nodes' period.
+A real Prometheus serves the history, the real Kubernetes API server the Deployments (each
+in a fresh namespace: ``fast`` below stands for ``fast-1a2b3c``); the workloads have the
+same per-window demand and differ only in their nodes' period.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from typing import Any
 
 import pytest
 
-from kube_emulator import KubeEmulator
+from kube import Kube, fresh_name
 from prom import PrometheusServer, requires_prometheus
-from shop import THROTTLED, Workload, deployment, objects, openmetrics
+from shop import THROTTLED, Workload, deployment, openmetrics, rehash
+from unthrottle.devtools.kube import ControlPlane
 from unthrottle.kube.deployments import KubeDeployments
 from unthrottle.kube.objects import KubeObjects
 from unthrottle.kube.patching import RECORD_ANNOTATION, ContainerChange, Record, plan
@@ -70,11 +72,11 @@ COARSE = Workload("coarse", "batch", 0.5, 0.0, 0.0, 1.0, 1)
 HALF_QUOTA = {"unthrottle.io/cpu-burst": "50%"}
 
 
-def coarse_counters(end: int, span: int = 2 * HOUR) -> str:
+def coarse_counters(coarse: Workload, end: int, span: int = 2 * HOUR) -> str:
     """A 50 ms node's cAdvisor counters for COARSE: 20 periods a second, 6 % of them
     throttled, 0.99 core used in each active period; no agent series at all."""
-    (pod,) = COARSE.pod_names()
-    labels = f'namespace="coarse",pod="{pod}",container="app"'
+    (pod,) = coarse.pod_names()
+    labels = f'namespace="{coarse.namespace}",pod="{pod}",container="app"'
     lines = []
     for metric, rate in (
         ("usage_seconds", 0.99),
@@ -97,16 +99,20 @@ def limits(w: Workload, end: int, span: int = 2 * HOUR) -> str:
     )
 
 
-def put(kube: KubeEmulator, w: Workload, template_annotations: dict[str, str]) -> None:
-    for resource, obj in objects(w):
-        if resource == "apps/v1/deployments" and template_annotations:
-            obj["spec"]["template"]["metadata"]["annotations"] = dict(template_annotations)
-        kube.put(resource, obj)
+def place(kube: Kube, w: Workload, template_annotations: dict[str, str]) -> Workload:
+    """``w``'s Deployment, with these pod template annotations, created in a fresh namespace
+    named after its own (its rollout is waited for by :func:`rehash`)."""
+    w = replace(w, namespace=fresh_name(w.namespace))
+    kube.create_namespace(w.namespace)
+    obj = deployment(w)
+    obj["spec"]["template"]["metadata"]["annotations"] = dict(template_annotations)
+    kube.create("apps/v1/deployments", obj)
+    return w
 
 
 @dataclass
 class World:
-    kube: KubeEmulator
+    kube: Kube
     source: PrometheusSource
     api: Any
     kubeconfig: Path
@@ -114,6 +120,8 @@ class World:
     """Where the history ends: when the fixture was built, so that ``recommend``, which
     reads at the real time, still sees the agent's period gauge within Prometheus's 5
     minute lookback however late in a long suite this module runs."""
+    ns: dict[str, str]
+    """``fast``, ``slow``, ``mixed``, ``stage``, ``coarse`` → the namespace each landed in."""
 
     def store(self) -> KubeWorkloadStore:
         from kubernetes import client
@@ -121,7 +129,8 @@ class World:
         return KubeWorkloadStore(client.CoreV1Api(self.api), client.AppsV1Api(self.api))
 
     def scan(self, namespace: str, **changes: Any) -> ScanResult:
-        request = ScanRequest(window_s=HOUR, now=self.end, namespaces=(namespace,), **changes)
+        request = ScanRequest(window_s=HOUR, now=self.end, namespaces=(self.ns[namespace],),
+                              **changes)  # fmt: skip
         return scan(request, self.source, self.store())
 
     def reconciler(self, *, apply: bool = False, **settings: Any) -> Reconciler:
@@ -133,29 +142,34 @@ class World:
                           clock=lambda: self.end)  # fmt: skip
 
     def policy(self, namespace: str, name: str, **spec: Any) -> dict[str, Any]:
-        self.kube.create(POLICIES, {"apiVersion": "unthrottle.io/v1alpha1",
-                                    "kind": "ThrottlePolicy",
-                                    "metadata": {"namespace": namespace, "name": name},
-                                    "spec": {"window": "1h", **spec}})  # fmt: skip
-        found = self.kube.get(POLICIES, namespace, name)
-        assert found is not None
-        return found
+        return self.kube.create(POLICIES, {"apiVersion": "unthrottle.io/v1alpha1",
+                                           "kind": "ThrottlePolicy",
+                                           "metadata": {"namespace": self.ns[namespace],
+                                                        "name": name},
+                                           "spec": {"window": "1h", **spec}})  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+def world(
+    tmp_path_factory: pytest.TempPathFactory, control_plane: ControlPlane,
+    throttlepolicy_crd: None,
+) -> Iterator[World]:  # fmt: skip
     folder = tmp_path_factory.mktemp("period")
+    kube = Kube(control_plane)
+    made = [place(kube, w, HALF_QUOTA) for w in (FAST, SLOW, STAGED)]
+    made += [place(kube, w, {}) for w in (MIXED, COARSE)]
+    fast, slow, staged, mixed, coarse = (rehash(kube, w) for w in made)
     end = int(time.time()) // 60 * 60
-    history = openmetrics([FAST, SLOW, MIXED, STAGED], end, span=2 * HOUR)
-    history += coarse_counters(end) + limits(MIXED, end)
-    with KubeEmulator() as kube, PrometheusServer(folder, openmetrics=history) as prom:
-        for w in (FAST, SLOW, STAGED):
-            put(kube, w, HALF_QUOTA)
-        for w in (MIXED, COARSE):
-            put(kube, w, {})
+    history = openmetrics([fast, slow, mixed, staged], end, span=2 * HOUR)
+    history += coarse_counters(coarse, end) + limits(mixed, end)
+    ns = {"fast": fast.namespace, "slow": slow.namespace, "mixed": mixed.namespace,
+          "stage": staged.namespace, "coarse": coarse.namespace}  # fmt: skip
+    with PrometheusServer(folder, openmetrics=history) as prom:
         kubeconfig = kube.kubeconfig(folder / "kubeconfig")
         yield World(kube, PrometheusSource(PrometheusConfig(prom.url, retries=0)),
-                    kube.api_client(kubeconfig), kubeconfig, end)  # fmt: skip
+                    kube.api_client(kubeconfig), kubeconfig, end, ns)  # fmt: skip
+    for namespace in ns.values():
+        kube.delete("v1/namespaces", None, namespace)
 
 
 def only(result: ScanResult) -> ContainerResult:
@@ -203,19 +217,21 @@ def test_pods_on_nodes_with_different_periods_are_sized_at_the_largest_and_said_
     )
     (problem,) = result.problems
     assert problem.kind == ProblemKind.MIXED_PERIODS
-    assert "mixed/checkout (50 ms, 100 ms)" in problem.message and "largest" in problem.message
+    assert f"{world.ns['mixed']}/checkout (50 ms, 100 ms)" in problem.message
+    assert "largest" in problem.message
 
 
 def test_the_period_rides_in_the_limits_query_so_the_batch_is_no_bigger(world: World) -> None:
-    owners = world.store().pod_owners(["mixed"])
+    mixed = [world.ns["mixed"]]
+    owners = world.store().pod_owners(mixed)
     before = world.source.queries
-    found = fetch(world.source, ["mixed"], HOUR, at=world.end, owners=owners)
+    found = fetch(world.source, mixed, HOUR, at=world.end, owners=owners)
     assert world.source.queries - before == 7  # with owners from the API, as ever
     assert [(i.agent_periods_us, i.limit_millicores) for i in found.values()] == [
         ({50_000, 100_000}, 500)]  # fmt: skip
     before = world.source.queries  # the operator's range queries: a period at every step
     slots = fetch_slots(
-        world.source, ["mixed"], world.end - HOUR, world.end, slot_s=1200, owners=owners
+        world.source, mixed, world.end - HOUR, world.end, slot_s=1200, owners=owners
     )
     assert world.source.queries - before == 7
     assert [[i.agent_periods_us for i in s.evidence.values()] for s in slots] == [
@@ -247,7 +263,7 @@ def recommend(world: World, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_recommend_says_the_period_and_where_it_came_from(world: World) -> None:
-    out = recommend(world, "--namespace", "coarse", "--cfs-period", "50ms")
+    out = recommend(world, "--namespace", world.ns["coarse"], "--cfs-period", "50ms")
     assert out.returncode == 0, out.stderr
     assert "at a CFS period of 50 ms (--cfs-period)" in out.stderr
     (c,) = json.loads(out.stdout)["workloads"][0]["containers"]
@@ -255,7 +271,7 @@ def test_recommend_says_the_period_and_where_it_came_from(world: World) -> None:
     assert (
         c["recommendation"]["reasons"][0] == "CFS period 50 ms, from --cfs-period (no agent series)"
     )
-    out = recommend(world, "--namespace", "fast", "--cfs-period", "1s")  # the agent wins
+    out = recommend(world, "--namespace", world.ns["fast"], "--cfs-period", "1s")  # the agent wins
     assert out.returncode == 0, out.stderr
     (c,) = json.loads(out.stdout)["workloads"][0]["containers"]
     assert c["period_us"] == 50_000
@@ -266,7 +282,7 @@ def test_recommend_says_the_period_and_where_it_came_from(world: World) -> None:
 
 
 def _report(world: World, namespace: str, name: str) -> dict[str, Any]:
-    found = world.kube.get("v1/configmaps", namespace, f"{name}-report")
+    found = world.kube.get("v1/configmaps", world.ns[namespace], f"{name}-report")
     assert found is not None
     return dict(json.loads(found["data"]["report.json"]))
 
@@ -286,7 +302,7 @@ def test_the_operator_reads_counters_at_its_own_setting_and_the_agents_period_as
     )
     # later reconciles read only what is new (range queries), and keep the agent's period
     reconciler.clock = lambda: world.end
-    body = world.kube.get(POLICIES, "fast", "p")
+    body = world.kube.get(POLICIES, world.ns["fast"], "p")
     assert body is not None and reconciler.reconcile(body).fault is None
     assert "head" in [r.kind for r in reconciler.evidence.reads]  # type: ignore[attr-defined]
     (c,) = _report(world, "fast", "p")["workloads"][0]["containers"]
@@ -299,7 +315,7 @@ def test_apply_writes_a_burst_within_the_50_ms_quota_and_records_the_period(
 ) -> None:
     body = world.policy("stage", "apply", mode="Apply")
     assert world.reconciler(apply=True).reconcile(body).fault is None
-    deploy = world.kube.get("apps/v1/deployments", "stage", "checkout")
+    deploy = world.kube.get("apps/v1/deployments", world.ns["stage"], "checkout")
     assert deploy is not None
     record = Record.from_annotation(deploy["metadata"]["annotations"][RECORD_ANNOTATION])
     (change,) = record.containers

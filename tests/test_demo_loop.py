@@ -1,11 +1,14 @@
-"""`make demo`'s whole loop on the real kernel: agent, Prometheus, the operator in Recommend
-then Apply mode against the emulator, the patched limit and burst written into the
-cgroups. It ends with throttling at or under the policy's target. Root only (slow)."""
+"""`make demo`'s whole loop on the real kernel and a real control plane (its own, started by
+the demo): Deployments rolled out onto a fake node, the agent naming the pods' cgroups through
+the API, Prometheus, the operator in Recommend then Apply mode, the new pods' limit and burst
+written into their cgroups. It ends with throttling at or under the policy's target. Root
+only (slow)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -28,15 +31,24 @@ def test_the_demo_ends_with_throttling_at_or_under_the_target(tmp_path: Path) ->
             capture_output=True, text=True, timeout=600, check=False,
         )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "emulator stood in for the Kubernetes API" in done.stdout
+    assert "fake nodes (kwok) stood in for kubelets" in done.stdout
+    assert re.search(r"real control plane: kube-apiserver, etcd, controller-manager, "
+                     r"scheduler v1\.\d+\.\d+", done.stdout)  # fmt: skip
     doc = json.loads(out.read_text())
     for name, figures in doc["workloads"].items():
         before, after = figures["before"], figures["after"]
         assert after["limit_millicores"] >= before["limit_millicores"], name
         assert after["throttle_ratio"] <= doc["target"], (name, figures)
+        # Apply rolled out a new pod; the agent named the old pod's cgroup and the new one's
+        # through the API, so the pods' names reached Prometheus
+        assert after["pod"] != before["pod"] and after["pod"].startswith(f"{name}-"), figures
+        for pod in (before["pod"], after["pod"]):
+            assert f"shop/{pod}/app" in doc["named"], (pod, doc["named"])
     report = Path(doc["report"]).read_text()
     assert report.count("<svg") >= 1 and "pool" in report and "batch" in report
-    # nothing left behind: no demo cgroup, no agent
+    # nothing left behind: no demo cgroup, no agent, no control plane
+    assert not Path(doc["folder"]).exists()
+    assert not [pid for pid in doc["pids"] if Path(f"/proc/{pid}").exists()], doc["pids"]
     assert not list(Path("/sys/fs/cgroup").glob("*/unthrottle-demo-*"))
     assert not list(Path("/sys/fs/cgroup").glob("unthrottle-demo-*"))
     # Throttled today, and so given more: only where the workloads had the machine to

@@ -1,24 +1,31 @@
-"""`unthrottle recommend` as a user runs it, against a real Prometheus with history."""
+"""`unthrottle recommend` as a user runs it, against a real Prometheus with history; in
+cluster mode, against the real Kubernetes API server too."""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
+import re
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
+from kube import Kube, fresh_name
 from prom import PrometheusServer, free_port, requires_prometheus
-from test_metrics_evidence import history
+from test_metrics_evidence import GONE, history
 from unthrottle.cfs.settings import format_cpu
+from unthrottle.devtools.kube import ControlPlane
 
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
+DEPLOYMENTS = "apps/v1/deployments"
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -177,52 +184,98 @@ def test_an_unreachable_prometheus_is_a_clear_error() -> None:
     assert f"unreachable at {url}" in out.stderr
 
 
-def owned(kind: str, namespace: str, name: str, owner_kind: str | None = None,
-          owner: str | None = None, **extra: object) -> dict[str, object]:  # fmt: skip
-    meta: dict[str, object] = {"namespace": namespace, "name": name}
-    if owner_kind:
-        meta["ownerReferences"] = [{"kind": owner_kind, "name": owner, "controller": True}]
-    return {"kind": kind, "metadata": meta, **extra}
+@pytest.fixture(scope="module")
+def history_server() -> type[PrometheusServer]:
+    """What serves the history of the Deployments on the control plane: Prometheus here
+    (test_victoria_cli gives VictoriaMetrics)."""
+    return PrometheusServer
 
 
-def deployment(namespace: str, name: str, containers: list[dict[str, object]]) -> dict[str, object]:
-    return owned(
-        "Deployment", namespace, name, spec={"template": {"spec": {"containers": containers}}}
-    )
+@dataclass(frozen=True)
+class ClusterShop:
+    """The shop's api, batch and fresh Deployments on the real control plane, and the hour of
+    history of test_metrics_evidence with its pods named as the real controllers named
+    them: api's two live pods and one gone (found by its ReplicaSet's name), batch's one;
+    ``idle`` has series but is no Deployment here."""
+
+    namespace: str
+    kubeconfig: Path
+    url: str
+
+    def recommend(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return cli("--prometheus", self.url, "--kubeconfig", str(self.kubeconfig),
+                   "--namespace", self.namespace, "--window", "1h", *args)  # fmt: skip
+
+
+def _renamed(text: str, names: dict[str, str]) -> str:
+    """``text`` with each quoted label value ``"old"`` written ``"new"``."""
+    pattern = re.compile("|".join(re.escape(f'"{old}"') for old in names))
+    return pattern.sub(lambda m: f'"{names[m.group(0)[1:-1]]}"', text)
+
+
+@pytest.fixture(scope="module")
+def cluster_shop(
+    control_plane: ControlPlane, history_server: type[PrometheusServer],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[ClusterShop]:  # fmt: skip
+    kube = Kube(control_plane)
+    ns = fresh_name("shop")
+    kube.create_namespace(ns)
+    api = {"name": "api", "resources": {"limits": {"cpu": "500m"}, "requests": {"cpu": "250m"}},
+           "env": [{"name": "GOMAXPROCS", "value": "8"}]}  # fmt: skip
+    # a burst asked in the pod template: today's setting, as the agent writes it
+    burst = {"unthrottle.io/cpu-burst": "api=20ms"}
+    kube.create(DEPLOYMENTS, workload(ns, "api", [api], replicas=2, labels={"tier": "front"},
+                                      annotations=burst))  # fmt: skip
+    kube.create(DEPLOYMENTS, workload(ns, "batch", [{"name": "main", "resources": {
+        "limits": {"cpu": "2"}}}], labels={"tier": "back"}))  # fmt: skip
+    kube.create(DEPLOYMENTS, workload(ns, "fresh", [{"name": "web"}]))
+    names = {"shop": ns}
+    for deploy, old_rs, old_pods in (("api", "api-7d9f", ["api-7d9f-a", "api-7d9f-b"]),
+                                     ("batch", "batch-1", ["batch-1-x"])):  # fmt: skip
+        rs = kube.replicaset_of(kube.rolled_out(ns, deploy))
+        names[old_rs] = rs["metadata"]["name"]
+        live = sorted(p["metadata"]["name"] for p in kube.pods_of(rs))
+        names.update(zip(old_pods, live, strict=True))
+    names[GONE] = f"{names['api-7d9f']}-{GONE.rsplit('-', 1)[1]}"  # its pod is gone
+    kube.rolled_out(ns, "fresh")
+    folder = tmp_path_factory.mktemp("cluster")
+    with history_server(folder, openmetrics=_renamed(history(int(time.time())), names)) as server:
+        yield ClusterShop(ns, kube.kubeconfig(folder / "kubeconfig"), server.url)
+    kube.delete("v1/namespaces", None, ns)
+
+
+def workload(namespace: str, name: str, containers: list[dict[str, Any]], *, replicas: int = 1,
+             labels: dict[str, str] | None = None,
+             annotations: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+    """A Deployment as the API server takes it (a selector, an image per container)."""
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"namespace": namespace, "name": name, "labels": labels or {}},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}, "annotations": annotations or {}},
+                "spec": {"containers": [{"image": f"registry.example/{c['name']}:1", **c}
+                                        for c in containers]},
+            },
+        },
+    }  # fmt: skip
 
 
 @requires_prometheus
 def test_cluster_mode_takes_deployments_and_gomaxprocs_from_the_api(
-    prometheus: str, tmp_path: Path
+    cluster_shop: ClusterShop,
 ) -> None:
-    from kmock_thread import KmockThread
-
-    with KmockThread() as km:
-        api = deployment("shop", "api", [{
-            "name": "api", "resources": {"limits": {"cpu": "500m"}, "requests": {"cpu": "250m"}},
-            "env": [{"name": "GOMAXPROCS", "value": "8"}]}])  # fmt: skip
-        # a burst asked in the pod template: today's setting, as the agent writes it
-        api["spec"]["template"]["metadata"] = {  # type: ignore[index]
-            "annotations": {"unthrottle.io/cpu-burst": "api=20ms"}
-        }
-        km.put("apps/v1/deployments", api)
-        km.put("apps/v1/deployments", deployment("shop", "batch", [{
-            "name": "main", "resources": {"limits": {"cpu": "2"}}}]))  # fmt: skip
-        km.put("apps/v1/deployments", deployment("shop", "fresh", [{"name": "web"}]))
-        for rs, deploy in (("api-7d9f", "api"), ("batch-1", "batch")):
-            km.put("apps/v1/replicasets", owned("ReplicaSet", "shop", rs, "Deployment", deploy))
-        # the API knows only live pods: GONE is found by its name, as its ReplicaSet's
-        for pod, rs in (("api-7d9f-a", "api-7d9f"), ("api-7d9f-b", "api-7d9f"),
-                        ("batch-1-x", "batch-1")):  # fmt: skip
-            km.put("v1/pods", owned("Pod", "shop", pod, "ReplicaSet", rs))
-        out = cli("--prometheus", prometheus, "--kubeconfig", str(km.kubeconfig(tmp_path / "kc")),
-                  "--namespace", "shop", "--window", "1h", "--format", "json")  # fmt: skip
+    out = cluster_shop.recommend("--format", "json")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     # the API is the source of truth: "fresh" has no series yet, "idle" is not a Deployment here
     assert {w["deployment"] for w in doc["workloads"]} == {"api", "batch", "fresh"}
+    assert {w["namespace"] for w in doc["workloads"]} == {cluster_shop.namespace}
     api = next(w for w in doc["workloads"] if w["deployment"] == "api")["containers"][0]
-    assert api["pods"] == 3
+    assert api["pods"] == 3  # the two live pods and the gone one
     assert api["current"] == {"limit_millicores": 500, "request_millicores": 250,
                               "burst_us": 20_000, "gomaxprocs": 8}  # fmt: skip
     rec = api["recommendation"]
@@ -254,24 +307,9 @@ def test_a_malformed_selector_is_named() -> None:
 
 @requires_prometheus
 def test_a_selector_chooses_deployments_by_their_labels_in_the_api(
-    prometheus: str, tmp_path: Path
+    cluster_shop: ClusterShop,
 ) -> None:
-    from kmock_thread import KmockThread
-
-    with KmockThread() as km:
-        for name, container, labels in (("api", "api", {"tier": "front"}),
-                                        ("batch", "main", {"tier": "back"}),
-                                        ("fresh", "web", {})):  # fmt: skip
-            item = deployment("shop", name, [{"name": container}])
-            item["metadata"]["labels"] = labels  # type: ignore[index]
-            km.put("apps/v1/deployments", item)
-        for rs, deploy in (("api-7d9f", "api"), ("batch-1", "batch")):
-            km.put("apps/v1/replicasets", owned("ReplicaSet", "shop", rs, "Deployment", deploy))
-        for pod, rs in (("api-7d9f-a", "api-7d9f"), ("batch-1-x", "batch-1")):
-            km.put("v1/pods", owned("Pod", "shop", pod, "ReplicaSet", rs))
-        out = cli("--prometheus", prometheus, "--kubeconfig", str(km.kubeconfig(tmp_path / "kc")),
-                  "--namespace", "shop", "--window", "1h", "--format", "json",
-                  "--selector", "tier!=front")  # fmt: skip
+    out = cluster_shop.recommend("--format", "json", "--selector", "tier!=front")
     assert out.returncode == 0, out.stderr
     # "batch" (back) and "fresh" (no tier): a missing label is "not front", as kubectl has it
     assert {w["deployment"] for w in json.loads(out.stdout)["workloads"]} == {"batch", "fresh"}

@@ -1,11 +1,13 @@
 """`unthrottle recommend` over live series: the agent samples a real throttled workload, a
-real Prometheus scrapes the agent, and the Deployment comes from the API (kmock). Root only.
+real Prometheus scrapes the agent, and the Deployment comes from the API: the real
+kube-apiserver, its Deployment controller rolling the pod out onto a kwok fake node. Root only.
 
-A busy thread (1 core of demand) runs under a 0.6 CPU quota in a kubelet-style cgroup:
-throttled in nearly every period even when the 2-core machine is busy. The Deployment
-says 800m, so the policy's step cap (×2 of today's limit: 1600m) is far above what the
-demand needs, and the limit asserted is the engine's own decision, not the cap's (at
-600m the cap, 1200m, sat right at the bound the test asserted).
+A busy thread (1 core of demand) runs under a 0.6 CPU quota in the cgroup the kubelet would
+give the pod's container (``kubepods/burstable/pod<uid>/<container id>``, both read from
+the pod's object): throttled in nearly every period even when the 2-core machine is busy.
+The Deployment says 800m, so the policy's step cap (×2 of today's limit: 1600m) is far
+above what the demand needs, and the limit asserted is the engine's own decision, not the
+cap's (at 600m the cap, 1200m, sat right at the bound the test asserted).
 Nothing else is scraped: the counters are the agent's (no cAdvisor here), the owners
 are the API's (no kube-state-metrics).
 """
@@ -16,81 +18,93 @@ import json
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from kmock_thread import KmockThread, pod
+from kube import Kube
 from prom import PrometheusServer, free_port, requires_prometheus
-from test_agent_kernel import CID, UID, UNTHROTTLE, Workload, start_agent, stop, wait_for
-from test_recommend_cli import deployment, owned
+from test_agent_kernel import UNTHROTTLE, Workload, start_agent, stop, wait_for
+from test_agent_naming import container_ids
 from unthrottle.cgroups import Layout
 from unthrottle.lab.noise import OtherLoad
 
 pytestmark = [pytest.mark.kernel, requires_prometheus]
 
 
+def web(kube: Kube) -> dict[str, Any]:
+    """Deployment web (800m) rolled out by the real controller: its one pod, running."""
+    resources = {"limits": {"cpu": "800m"}, "requests": {"cpu": "200m"}}
+    kube.create("apps/v1/deployments", {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"namespace": kube.namespace, "name": "web"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
+                 "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [
+                     {"name": "app", "image": "registry.example/web:1",
+                      "resources": resources}]}}},
+    })  # fmt: skip
+    (pod,) = kube.pods_of(kube.replicaset_of(kube.rolled_out(kube.namespace, "web")))
+    return pod
+
+
+@dataclass
+class Pod:
+    """The pod of Deployment web, and its container's cgroup as its kubelet names it."""
+
+    obj: dict[str, Any]
+    workload: Workload
+
+
 @pytest.fixture
-def workload(layout: Layout) -> Iterator[Workload]:
-    w = Workload(layout, quota_us=60_000)
+def pod(layout: Layout, kube: Kube) -> Iterator[Pod]:
+    obj = web(kube)
+    assert obj["status"]["qosClass"] == "Burstable"  # kubepods/burstable/pod<uid>
+    w = Workload(layout, quota_us=60_000, uid=obj["metadata"]["uid"],
+                 cid=container_ids(obj)["app"])  # fmt: skip
     try:
-        yield w
+        yield Pod(obj, w)
     finally:
         w.cleanup()
 
 
-def cluster(km: KmockThread) -> None:
-    """Deployment web (800m) → ReplicaSet web-5d8f → pod web-5d8f-k2x9p, whose container
-    runs CID."""
-    resources = {"limits": {"cpu": "800m"}, "requests": {"cpu": "200m"}}
-    app = {"name": "app", "resources": resources}
-    km.put("apps/v1/deployments", deployment("shop", "web", [app]))
-    km.put("apps/v1/replicasets", owned("ReplicaSet", "shop", "web-5d8f", "Deployment", "web"))
-    item: dict[str, Any] = pod("shop", "web-5d8f-k2x9p", UID, "node-test", {"app": CID})
-    item["metadata"]["ownerReferences"] = [
-        {"kind": "ReplicaSet", "name": "web-5d8f", "controller": True}
-    ]
-    km.put_pod(item)
-
-
 def test_recommend_reads_what_the_agent_sampled_and_sizes_the_demand(
-    workload: Workload, tmp_path: Path
+    pod: Pod, kube: Kube, tmp_path: Path
 ) -> None:
-    with KmockThread() as km:
-        cluster(km)
-        kubeconfig = km.kubeconfig(tmp_path / "kc")
-        port = free_port()
-        workload.prepare()
-        agent = start_agent(
-            ["--kubeconfig", str(kubeconfig), "--node-name", "node-test",
-             "--kubepods-parent", workload.root, "--listen", f"127.0.0.1:{port}",
-             "--period", "100ms", "--discover-every", "500ms"],
-            tmp_path / "agent.log",
-        )  # fmt: skip
-        try:
-            wait_for(f"http://127.0.0.1:{port}/healthz", log=tmp_path / "agent.log")
-            scrape = (
-                "scrape_configs:\n  - job_name: agent\n"
-                f"    static_configs: [{{targets: ['127.0.0.1:{port}']}}]\n"
-            )
-            with PrometheusServer(tmp_path, scrape=scrape) as prom:
-                with OtherLoad() as noise:
-                    workload.start(seconds=12)
-                    workload.finish()
-                time.sleep(2.5)  # the last scrapes after the workload ended
-                out = subprocess.run(
-                    [str(UNTHROTTLE), "recommend", "--prometheus", prom.url,
-                     "--kubeconfig", str(kubeconfig), "--namespace", "shop",
-                     "--window", "60s", "--format", "json"],
-                    capture_output=True, text=True, timeout=120, check=False,
-                )  # fmt: skip
-        finally:
-            stop(agent)
+    workload, node = pod.workload, pod.obj["spec"]["nodeName"]
+    kubeconfig = kube.kubeconfig(tmp_path / "kc")
+    port = free_port()
+    workload.prepare()
+    agent = start_agent(
+        ["--kubeconfig", str(kubeconfig), "--node-name", node,
+         "--kubepods-parent", workload.root, "--listen", f"127.0.0.1:{port}",
+         "--period", "100ms", "--discover-every", "500ms"],
+        tmp_path / "agent.log",
+    )  # fmt: skip
+    try:
+        wait_for(f"http://127.0.0.1:{port}/healthz", log=tmp_path / "agent.log")
+        scrape = (
+            "scrape_configs:\n  - job_name: agent\n"
+            f"    static_configs: [{{targets: ['127.0.0.1:{port}']}}]\n"
+        )
+        with PrometheusServer(tmp_path, scrape=scrape) as prom:
+            with OtherLoad() as noise:
+                workload.start(seconds=12)
+                workload.finish()
+            time.sleep(2.5)  # the last scrapes after the workload ended
+            out = subprocess.run(
+                [str(UNTHROTTLE), "recommend", "--prometheus", prom.url,
+                 "--kubeconfig", str(kubeconfig), "--namespace", kube.namespace,
+                 "--window", "60s", "--format", "json"],
+                capture_output=True, text=True, timeout=120, check=False,
+            )  # fmt: skip
+    finally:
+        stop(agent)
     assert out.returncode == 0, out.stderr
     assert "no unthrottle agent series" not in out.stderr
     (workload_doc,) = json.loads(out.stdout)["workloads"]
-    assert (workload_doc["namespace"], workload_doc["deployment"]) == ("shop", "web")
+    assert (workload_doc["namespace"], workload_doc["deployment"]) == (kube.namespace, "web")
     (app,) = workload_doc["containers"]
     assert app["name"] == "app" and app["evidence"] == "period"
     assert app["current"]["limit_millicores"] == 800

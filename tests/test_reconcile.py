@@ -1,5 +1,6 @@
-"""One policy's reconcile, called directly (no Kopf): caps, truncation, engine reuse and
-API faults, against the Kubernetes emulator over HTTP and a real Prometheus."""
+"""One policy's reconcile, called directly (no Kopf): caps, truncation, engine reuse, names
+at the API's limits and API faults, against the real Kubernetes API server (through a
+fault proxy, for a server that fails) and a real Prometheus."""
 
 from __future__ import annotations
 
@@ -7,14 +8,15 @@ import json
 import time
 from collections.abc import Iterator
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from kube_emulator import KubeEmulator
+from kube import Kube
+from kube_faults import FaultProxy
 from prom import PrometheusServer, requires_prometheus
-from shop import Workload, objects, openmetrics
+from shop import Workload, deploy, deployment, openmetrics
+from unthrottle.devtools.kube import ControlPlane
 from unthrottle.kube.objects import KubeObjects
 from unthrottle.kube.workloads import KubeWorkloadStore
 from unthrottle.metrics.source import PrometheusConfig, PrometheusSource
@@ -24,11 +26,20 @@ from unthrottle.operator.settings import OperatorSettings
 pytestmark = requires_prometheus
 POLICIES = "unthrottle.io/v1alpha1/throttlepolicies"
 MANY = [Workload("big", f"svc-{i:02d}", 0.1, 0.02 * (i % 5), 1.2, 0.5, 1) for i in range(12)]
+LONGEST = "checkout-payments-eu-west-1-production-cpu-throttling-policy-v2"
+"""A policy name at the CRD's limit: 63 characters, the longest label value."""
 
 
 class World:
-    def __init__(self, kube: KubeEmulator, source: PrometheusSource, api: Any) -> None:
-        self.kube, self.source, self.api = kube, source, api
+    """The twelve Deployments as they landed (``placed``, in ``namespace``), Prometheus
+    holding their history, and the API server behind ``proxy``, which the reconcilers'
+    client goes through."""
+
+    def __init__(self, kube: Kube, proxy: FaultProxy, source: PrometheusSource, api: Any,
+                 placed: list[Workload]) -> None:  # fmt: skip
+        self.kube, self.proxy, self.source, self.api = kube, proxy, source, api
+        self.placed = placed
+        self.namespace = placed[0].namespace
 
     def reconciler(self, **settings: Any) -> Reconciler:
         from kubernetes import client
@@ -43,36 +54,45 @@ class World:
     def policy(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
         return self.kube.create(POLICIES, {
             "apiVersion": "unthrottle.io/v1alpha1", "kind": "ThrottlePolicy",
-            "metadata": {"namespace": "big", "name": name}, "spec": spec,
+            "metadata": {"namespace": self.namespace, "name": name}, "spec": spec,
         })  # fmt: skip
 
     def body(self, name: str) -> dict[str, Any]:
-        found = self.kube.get(POLICIES, "big", name)
+        found = self.kube.get(POLICIES, self.namespace, name)
         assert found is not None
         return found
 
+    def configmap(self, name: str) -> dict[str, Any] | None:
+        return self.kube.get("v1/configmaps", self.namespace, name)
+
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+def world(
+    tmp_path_factory: pytest.TempPathFactory, control_plane: ControlPlane,
+    throttlepolicy_crd: None,
+) -> Iterator[World]:  # fmt: skip
     folder = tmp_path_factory.mktemp("reconcile")
+    kube = Kube(control_plane)
+    placed = deploy(kube, MANY)
     end = int(time.time()) // 60 * 60
     with (
-        KubeEmulator() as kube,
-        PrometheusServer(folder, openmetrics=openmetrics(MANY, end, span=6 * 3600)) as prom,
+        FaultProxy(kube) as proxy,
+        PrometheusServer(folder, openmetrics=openmetrics(placed, end, span=6 * 3600)) as prom,
     ):
-        for w in MANY:
-            for resource, obj in objects(w):
-                kube.put(resource, obj)
-        api = kube.api_client(kube.kubeconfig(folder / "kubeconfig"))
-        yield World(kube, PrometheusSource(PrometheusConfig(prom.url, retries=0)), api)
+        api = kube.api_client(proxy.kubeconfig(folder / "kubeconfig"))
+        source = PrometheusSource(PrometheusConfig(prom.url, retries=0))
+        yield World(kube, proxy, source, api, placed)
+    kube.delete("v1/namespaces", None, placed[0].namespace)
 
 
 @pytest.fixture(autouse=True)
 def one_policy_at_a_time(world: World) -> Iterator[None]:
     """Each test's policies go with it: two at once would conflict over the Deployments."""
     yield
-    for policy in world.kube.list(POLICIES, "big"):
-        world.kube.delete(POLICIES, "big", policy["metadata"]["name"], force=True)
+    for policy in world.kube.list(POLICIES, world.namespace):
+        world.kube.delete(POLICIES, world.namespace, policy["metadata"]["name"])
+    world.kube.until("the policies gone", lambda: world.kube.list(POLICIES, world.namespace),
+                     lambda left: not left)  # fmt: skip
 
 
 def test_status_keeps_the_most_harmful_and_says_how_many_were_left_out(world: World) -> None:
@@ -85,7 +105,7 @@ def test_status_keeps_the_most_harmful_and_says_how_many_were_left_out(world: Wo
     assert status["summary"]["leftOut"] == 7
     ratios = [max(c["throttleRatio"] or 0 for c in w["containers"]) for w in status["workloads"]]
     assert ratios == sorted(ratios, reverse=True)  # most harmful first
-    report = world.kube.get("v1/configmaps", "big", "capped-report")
+    report = world.configmap("capped-report")
     assert report is not None
     assert len(json.loads(report["data"]["report.json"])["workloads"]) == 12  # the rest
 
@@ -93,7 +113,7 @@ def test_status_keeps_the_most_harmful_and_says_how_many_were_left_out(world: Wo
 def test_a_report_too_big_for_a_configmap_is_truncated_with_a_note(world: World) -> None:
     world.policy("small-report", {"window": "5h"})
     world.reconciler(report_max_bytes=6_000).reconcile(world.body("small-report"))
-    report = world.kube.get("v1/configmaps", "big", "small-report-report")
+    report = world.configmap("small-report-report")
     assert report is not None
     doc = json.loads(report["data"]["report.json"])
     assert doc["truncated"]["left_out"] > 0
@@ -123,7 +143,7 @@ def test_a_second_reconcile_over_the_same_evidence_runs_no_engine(
     assert calls == [12, 0]
     assert world.body("steady")["status"]["workloads"] == first
     # a change of policy is a change of inputs: the engine runs again
-    world.kube.patch(POLICIES, "big", "steady", {"spec": {"targetThrottleRatio": 0.02}})
+    world.kube.patch(POLICIES, world.namespace, "steady", {"spec": {"targetThrottleRatio": 0.02}})
     reconciler.reconcile(world.body("steady"))
     assert calls[-1] == 12
 
@@ -132,7 +152,7 @@ def test_an_api_error_is_degraded_and_retried_with_backoff(world: World) -> None
     world.policy("api-down", {"window": "5h"})
     reconciler = world.reconciler()
     assert reconciler.reconcile(world.body("api-down")).fault is None
-    world.kube.fail_next("GET", r"/deployments$", 500, count=2)
+    world.proxy.fail_next("GET", r"/deployments$", 500, count=2)
     first = reconciler.reconcile(world.body("api-down"))
     second = reconciler.reconcile(world.body("api-down"))
     assert (first.fault, second.fault) == ("ApiUnavailable", "ApiUnavailable")
@@ -155,18 +175,29 @@ def test_a_policy_whose_body_is_garbage_never_raises(world: World) -> None:
     assert degraded["reason"] == "InvalidSpec" and "spec" in degraded["message"]
 
 
-def test_gone_deployments_leave_the_status(world: World, tmp_path: Path) -> None:
+def test_gone_deployments_leave_the_status(world: World) -> None:
     world.policy("shrinking", {"window": "5h", "selector": {"matchLabels": {}}})
     reconciler = world.reconciler()
     reconciler.reconcile(world.body("shrinking"))
-    world.kube.delete("apps/v1/deployments", "big", "svc-00")
+    gone = world.placed[0]
+    world.kube.delete("apps/v1/deployments", gone.namespace, gone.name)
     try:
-        reconciler.reconcile(world.body("shrinking"))
+        reconciler.reconcile(world.body("shrinking"))  # its pods' series are still there
         names = {w["deployment"] for w in world.body("shrinking")["status"]["workloads"]}
-        assert "svc-00" not in names and len(names) == 11
+        assert gone.name not in names and len(names) == 11
     finally:
-        for resource, obj in objects(MANY[0]):
-            world.kube.put(resource, obj)
+        restore(world.kube, gone)
+
+
+def restore(kube: Kube, w: Workload) -> None:
+    """``w``'s Deployment made again, once the garbage collector removed its ReplicaSet: the
+    same template hashes to the same ReplicaSet name, so its history is its own again."""
+    kube.until(f"{w.name}'s ReplicaSet gone",
+               lambda: kube.get("apps/v1/replicasets", w.namespace, w.replicaset),
+               lambda rs: rs is None)  # fmt: skip
+    kube.create("apps/v1/deployments", deployment(w))
+    rs = kube.replicaset_of(kube.rolled_out(w.namespace, w.name))
+    assert rs["metadata"]["name"] == w.replicaset
 
 
 def test_a_restarted_operator_reads_only_the_gap_from_its_checkpoint(world: World) -> None:
@@ -184,7 +215,7 @@ def test_a_restarted_operator_reads_only_the_gap_from_its_checkpoint(world: Worl
     first, reader = restarted()
     assert first.reconcile(world.body("kept")).fault is None
     assert [r.kind for r in reader.reads] == ["full"]
-    checkpoint = world.kube.get("v1/configmaps", "big", "kept-evidence")
+    checkpoint = world.configmap("kept-evidence")
     assert checkpoint is not None and checkpoint["binaryData"]["checkpoint"]
     assert checkpoint["metadata"]["ownerReferences"][0]["name"] == "kept"
     before = {w["deployment"]: w["containers"] for w in world.body("kept")["status"]["workloads"]}
@@ -195,6 +226,54 @@ def test_a_restarted_operator_reads_only_the_gap_from_its_checkpoint(world: Worl
     after = {w["deployment"]: w["containers"] for w in world.body("kept")["status"]["workloads"]}
     assert {d: [c["recommended"] for c in cs] for d, cs in after.items()} == {
         d: [c["recommended"] for c in cs] for d, cs in before.items()}  # fmt: skip
+
+
+def test_a_policy_named_at_the_63_character_limit_gets_its_report_and_checkpoint(
+    world: World,
+) -> None:
+    from unthrottle.operator.evidence import CHECKPOINT_LABEL, IncrementalReader
+
+    assert len(LONGEST) == 63
+    clock = [float(int(time.time()) // 60 * 60 - 1800)]
+
+    def restarted() -> tuple[Reconciler, IncrementalReader]:  # small pieces: several of them
+        reconciler = world.reconciler()
+        reader = IncrementalReader(world.source, reconciler.objects, max_bytes=512)
+        reconciler.evidence, reconciler.clock = reader, lambda: clock[0]
+        return reconciler, reader
+
+    uid = world.policy(LONGEST, {"window": "5h"})["metadata"]["uid"]
+    first, _ = restarted()
+    assert first.reconcile(world.body(LONGEST)).fault is None
+    status = world.body(LONGEST)["status"]
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "True" and status["summary"]["deployments"] == 12
+    # the report, labelled with the policy's name and owned by it
+    report = world.configmap(f"{LONGEST}-report")
+    assert report is not None
+    assert report["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "unthrottle",
+                                            "unthrottle.io/policy": LONGEST}  # fmt: skip
+    assert [(o["kind"], o["name"], o["uid"]) for o in report["metadata"]["ownerReferences"]] == [
+        ("ThrottlePolicy", LONGEST, uid)]  # fmt: skip
+    assert len(json.loads(report["data"]["report.json"])["workloads"]) == 12
+    # the checkpoint's pieces, found by their label as kubectl get -l finds them
+    pieces = world.kube.list("v1/configmaps", world.namespace,
+                             selector=f"{CHECKPOINT_LABEL}={LONGEST}")  # fmt: skip
+    names = {p["metadata"]["name"] for p in pieces}
+    assert len(names) > 1
+    assert names == {f"{LONGEST}-evidence"} | {f"{LONGEST}-evidence-{i}"
+                                               for i in range(1, len(names))}  # fmt: skip
+    assert all(p["metadata"]["ownerReferences"][0]["uid"] == uid for p in pieces)
+    # its summary event (the server cuts a name generated from a long one to 63 characters)
+    events = [e for e in world.kube.list("v1/events", world.namespace)
+              if e["involvedObject"].get("uid") == uid]  # fmt: skip
+    assert [(e["reason"], e["involvedObject"]["name"]) for e in events] == [
+        ("Recommended", LONGEST)]  # fmt: skip
+    # ten minutes later, a new operator process reads its pieces back, and only the gap
+    clock[0] += 600
+    second, reader = restarted()
+    assert second.reconcile(world.body(LONGEST)).fault is None
+    assert [r.kind for r in reader.reads] == ["head", "tail"]
 
 
 def test_the_reuse_settings_decide_when_the_engine_runs_again(

@@ -1,6 +1,6 @@
 """`unthrottle report` and `unthrottle recommend --format markdown|html|kustomize` as a user
-runs them: the report ConfigMap read from the Kubernetes API (the emulator, over HTTP),
-recommendations from a real Prometheus."""
+runs them: the report ConfigMap read from the real Kubernetes API server, recommendations
+from a real Prometheus."""
 
 from __future__ import annotations
 
@@ -16,10 +16,12 @@ from typing import Any
 import pytest
 import yaml
 
-from kube_emulator import KubeEmulator
+from kube import Kube, fresh_name
+from kube_faults import FaultProxy
 from prom import requires_prometheus
 from test_recommend_cli import prometheus  # noqa: F401 (a fixture: a real Prometheus)
 from test_report_model import synthetic
+from unthrottle.devtools.kube import ControlPlane
 from unthrottle.report import Report
 from unthrottle.report.kustomize import MARKER
 
@@ -33,11 +35,12 @@ def run(*args: str, kubeconfig: Path | None = None) -> subprocess.CompletedProce
                           check=False, env=env)  # fmt: skip
 
 
-def operator_document(deployments: int, *, shown: int | None = None) -> dict[str, Any]:
+def operator_document(deployments: int, *, shown: int | None = None,
+                      namespace: str = "shop") -> dict[str, Any]:  # fmt: skip
     """``report.json`` as the operator writes it: the scan's JSON, the policy, a state per
     Deployment, and ``truncated`` when cut to fit."""
     doc = synthetic(deployments, 2).to_json("7d")
-    doc["policy"] = {"namespace": "shop", "name": "pay"}
+    doc["policy"] = {"namespace": namespace, "name": "pay"}
     for w in doc["workloads"]:
         w["state"] = "Recommended" if w["containers"][0]["recommendation"] else "NoData"
     if shown is not None:
@@ -46,73 +49,83 @@ def operator_document(deployments: int, *, shown: int | None = None) -> dict[str
     return doc
 
 
-def _configmap(name: str, data: dict[str, str]) -> dict[str, Any]:
+def _configmap(namespace: str, name: str, data: dict[str, str]) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"namespace": "shop", "name": name,
+            "metadata": {"namespace": namespace, "name": name,
                          "labels": {"app.kubernetes.io/managed-by": "unthrottle"}},
             "data": data}  # fmt: skip
 
 
-def _policy(name: str) -> dict[str, Any]:
+def _policy(namespace: str, name: str) -> dict[str, Any]:
     return {"apiVersion": "unthrottle.io/v1alpha1", "kind": "ThrottlePolicy",
-            "metadata": {"namespace": "shop", "name": name}, "spec": {}}  # fmt: skip
+            "metadata": {"namespace": namespace, "name": name}, "spec": {}}  # fmt: skip
+
+
+class Cluster:
+    """The policies and their report ConfigMaps on the control plane, in ``namespace``; a
+    kubeconfig whose context names it; pay's document."""
+
+    def __init__(self, kube: Kube, kubeconfig: Path, namespace: str,
+                 doc: dict[str, Any]) -> None:  # fmt: skip
+        self.kube, self.kubeconfig, self.namespace, self.doc = kube, kubeconfig, namespace, doc
+
+    def report(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """``unthrottle report ARGS -n NAMESPACE``."""
+        return run("report", *args, "-n", self.namespace, kubeconfig=self.kubeconfig)
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, Any]]]:
-    """The emulator with policies and their report ConfigMaps; (kubeconfig, pay's doc)."""
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, control_plane: ControlPlane,
+    throttlepolicy_crd: None,
+) -> Iterator[Cluster]:  # fmt: skip
+    kube = Kube(control_plane)
+    ns = fresh_name("shop")
+    kube.create_namespace(ns)
+    doc = operator_document(24, namespace=ns)
+    for name in ("pay", "web", "new", "odd"):
+        kube.create(POLICIES, _policy(ns, name))
+    kube.create("v1/configmaps", _configmap(ns, "pay-report", {
+        "report.json": json.dumps(doc, indent=1), "report.md": "# unthrottle"}))  # fmt: skip
+    kube.create("v1/configmaps", _configmap(ns, "web-report", {
+        "report.json": json.dumps(operator_document(40, shown=10, namespace=ns))}))  # fmt: skip
+    kube.create("v1/configmaps", _configmap(ns, "odd-report", {"report.json": '{"window": 3}'}))
     folder = tmp_path_factory.mktemp("kube")
-    doc = operator_document(24)
-    with KubeEmulator() as kube:
-        for name in ("pay", "web", "new", "odd"):
-            kube.create(POLICIES, _policy(name))
-        kube.put("v1/configmaps", _configmap("pay-report", {
-            "report.json": json.dumps(doc, indent=1), "report.md": "# unthrottle"}))  # fmt: skip
-        kube.put("v1/configmaps", _configmap("web-report", {
-            "report.json": json.dumps(operator_document(40, shown=10))}))  # fmt: skip
-        kube.put("v1/configmaps", _configmap("odd-report", {"report.json": '{"window": 3}'}))
-        yield kube.kubeconfig(folder / "kubeconfig", namespace="shop"), doc
+    yield Cluster(kube, kube.kubeconfig(folder / "kubeconfig", namespace=ns), ns, doc)
+    kube.delete("v1/namespaces", None, ns)
 
 
 class TestReportCommand:
-    def test_markdown_by_default_names_every_deployment(
-        self, cluster: tuple[Path, dict[str, Any]]
-    ) -> None:
-        kubeconfig, doc = cluster
-        out = run("report", "pay", "-n", "shop", kubeconfig=kubeconfig)
+    def test_markdown_by_default_names_every_deployment(self, cluster: Cluster) -> None:
+        out = cluster.report("pay")
         assert out.returncode == 0, out.stderr
-        assert out.stdout.startswith("# unthrottle: policy shop/pay")
-        for w in doc["workloads"]:
+        assert out.stdout.startswith(f"# unthrottle: policy {cluster.namespace}/pay")
+        for w in cluster.doc["workloads"]:
             assert f"{w['namespace']}/{w['deployment']}" in out.stdout
-        assert "(Recommended)" in out.stdout and "policy shop/pay" in out.stdout
+        assert "(Recommended)" in out.stdout and f"policy {cluster.namespace}/pay" in out.stdout
 
-    def test_the_namespace_defaults_to_the_contexts(
-        self, cluster: tuple[Path, dict[str, Any]]
-    ) -> None:
-        out = run("report", "pay", "--format", "json", kubeconfig=cluster[0])
+    def test_the_namespace_defaults_to_the_contexts(self, cluster: Cluster) -> None:
+        out = run("report", "pay", "--format", "json", kubeconfig=cluster.kubeconfig)
         assert out.returncode == 0, out.stderr
-        assert json.loads(out.stdout) == cluster[1]  # the ConfigMap's document, unchanged
+        assert json.loads(out.stdout) == cluster.doc  # the ConfigMap's document, unchanged
 
-    def test_html_is_written_where_asked(self, cluster: tuple[Path, dict[str, Any]],
-                                         tmp_path: Path) -> None:  # fmt: skip
+    def test_html_is_written_where_asked(self, cluster: Cluster, tmp_path: Path) -> None:
         target = tmp_path / "pay.html"
-        out = run("report", "pay", "-n", "shop", "--format", "html", "--output", str(target),
-                  kubeconfig=cluster[0])  # fmt: skip
+        out = cluster.report("pay", "--format", "html", "--output", str(target))
         assert out.returncode == 0, out.stderr and out.stdout == ""
         text = target.read_text()
-        over = len(Report.from_json(cluster[1]).over_target())
+        over = len(Report.from_json(cluster.doc).over_target())
         assert len(re.findall(r"<svg\b", text)) == over > 0
-        assert "<title>unthrottle: policy shop/pay</title>" in text
+        assert f"<title>unthrottle: policy {cluster.namespace}/pay</title>" in text
 
     def test_kustomize_writes_a_component_and_replaces_only_its_own_files(
-        self, cluster: tuple[Path, dict[str, Any]], tmp_path: Path
+        self, cluster: Cluster, tmp_path: Path
     ) -> None:
         folder = tmp_path / "unthrottle"
         folder.mkdir()
         (folder / "shop--gone.yaml").write_text(f"{MARKER}\n# an earlier run's patch\n")
         (folder / "notes.yaml").write_text("# the team's own file\n")
-        out = run("report", "pay", "-n", "shop", "--format", "kustomize", "--output",
-                  str(folder), kubeconfig=cluster[0])  # fmt: skip
+        out = cluster.report("pay", "--format", "kustomize", "--output", str(folder))
         assert out.returncode == 0, out.stderr
         component = yaml.safe_load((folder / "kustomization.yaml").read_text())
         assert component["kind"] == "Component"
@@ -120,8 +133,8 @@ class TestReportCommand:
             p.name for p in folder.iterdir()}  # fmt: skip
         assert "wrote" in out.stderr
 
-    def test_a_truncated_report_says_so(self, cluster: tuple[Path, dict[str, Any]]) -> None:
-        out = run("report", "web", "-n", "shop", kubeconfig=cluster[0])
+    def test_a_truncated_report_says_so(self, cluster: Cluster) -> None:
+        out = cluster.report("web")
         assert out.returncode == 0, out.stderr
         assert "the report holds the 10 most harmful Deployments; 30 more" in out.stderr
         assert "… and 30 more Deployments, left out for size" in out.stdout
@@ -129,8 +142,8 @@ class TestReportCommand:
     @pytest.mark.parametrize(
         ("args", "code", "message"),
         [
-            (["new"], 1, "ThrottlePolicy shop/new has no report yet"),
-            (["nope"], 1, "no ThrottlePolicy shop/nope"),
+            (["new"], 1, "ThrottlePolicy {ns}/new has no report yet"),
+            (["nope"], 1, "no ThrottlePolicy {ns}/nope"),
             (["odd"], 1, "report.json: not an unthrottle report"),
             (["pay", "--format", "kustomize"], 2, "--output DIR"),
             (["pay", "--format", "pdf"], 2, "--format: 'pdf' is not one of"),
@@ -139,11 +152,23 @@ class TestReportCommand:
              "kustomize needs a directory", "an unknown format"],
     )  # fmt: skip
     def test_problems_are_named_for_people(
-        self, cluster: tuple[Path, dict[str, Any]], args: list[str], code: int, message: str
+        self, cluster: Cluster, args: list[str], code: int, message: str
     ) -> None:
-        out = run("report", *args, "-n", "shop", kubeconfig=cluster[0])
+        out = cluster.report(*args)
         assert out.returncode == code
-        assert message in " ".join(out.stderr.split())
+        assert message.format(ns=cluster.namespace) in " ".join(out.stderr.split())
+
+    def test_an_api_server_that_fails_is_named_not_a_traceback(
+        self, cluster: Cluster, tmp_path: Path
+    ) -> None:
+        with FaultProxy(cluster.kube) as proxy:
+            proxy.fail_next("GET", r"/configmaps/pay-report$", 500, count=10)
+            out = run("report", "pay", "-n", cluster.namespace,
+                      kubeconfig=proxy.kubeconfig(tmp_path / "kubeconfig"))  # fmt: skip
+            assert proxy.requests("GET", r"/configmaps/pay-report$")
+        assert out.returncode == 1
+        assert f"cannot read ConfigMap {cluster.namespace}/pay-report" in out.stderr
+        assert "500" in out.stderr and "Traceback" not in out.stderr
 
 
 @requires_prometheus

@@ -15,9 +15,11 @@ from typing import Any
 import pytest
 import yaml
 
+from kube import Kube
 from prom import requires_prometheus
 from test_report_model import shop_scan, synthetic, with_xss
 from unthrottle.cfs.settings import format_cpu
+from unthrottle.devtools.kube import ControlPlane
 from unthrottle.report import FORMATS, RenderOptions, Report, render
 from unthrottle.report import units as u
 from unthrottle.report.page import SCRIPT_HASH
@@ -25,9 +27,16 @@ from unthrottle.scan import ScanResult
 
 
 @pytest.fixture(scope="module")
-def result(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScanResult]:
-    with shop_scan(tmp_path_factory.mktemp("shop")) as found:
+def result(
+    tmp_path_factory: pytest.TempPathFactory, control_plane: ControlPlane
+) -> Iterator[ScanResult]:
+    with shop_scan(tmp_path_factory.mktemp("shop"), Kube(control_plane)) as found:
         yield found
+
+
+def _ns(result: ScanResult) -> str:
+    """The shop's namespace on the control plane (``shop-xxxxxx``, fresh for this module)."""
+    return result.workloads[0].namespace
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +72,7 @@ def _md_rows(text: str) -> dict[tuple[str, str], list[str]]:
     section = text.split("## Recommendations", 1)[1].split("\n## ", 1)[0]
     rows = {}
     for line in section.splitlines():
-        if line.startswith("| shop/") or line.startswith("| team-"):
+        if line.startswith("| shop-") or line.startswith("| team-"):
             cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line)[1:-1]]
             rows[(cells[0].split(" (")[0], cells[1])] = cells
     return rows
@@ -113,7 +122,7 @@ class TestMarkdown:
         assert f"**{over} over the target**" in summary
         assert f"**{u.signed_cpu(added)} added**" in summary
         assert f"**{u.cpu(freed)} freed**" in summary
-        assert "Worst offenders" in summary and "shop/checkout · app" in summary
+        assert "Worst offenders" in summary and f"{_ns(result)}/checkout · app" in summary
         assert "window 12h" in text and "Prometheus http://prom:9090" in text
 
     def test_every_reason_is_there(self, result: ScanResult, doc: dict[str, Any]) -> None:
@@ -128,7 +137,7 @@ class TestMarkdown:
         assert "<script" not in text and "&lt;script&gt;" in text
         table = text.split("## Recommendations", 1)[1].split("### Why", 1)[0]
         for line in table.splitlines():
-            if line.startswith("| shop/"):
+            if line.startswith(f"| {_ns(result)}/"):
                 assert len(re.split(r"(?<!\\)\|", line)) == 13  # 11 cells, no more
 
     def test_the_operators_call_keeps_its_signature(self, result: ScanResult) -> None:
@@ -137,7 +146,7 @@ class TestMarkdown:
         text = markdown(result, title="unthrottle: policy shop/pay",
                         states={"checkout": "Recommended"}, max_workloads=2)  # fmt: skip
         assert text.startswith("# unthrottle: policy shop/pay")
-        assert "shop/checkout (Recommended)" in text
+        assert f"{_ns(result)}/checkout (Recommended)" in text
         assert "… and 2 more Deployments" in text
 
 
@@ -242,7 +251,7 @@ class TestHtml:
             assert 'role="img"' in tag and "aria-labelledby" in tag
         assert text.count("<desc id=") == len(over)
         without = text.split('id="without"', 1)[1]
-        assert "shop/cron" in without and "no CPU series in the window" in without
+        assert f"{_ns(result)}/cron" in without and "no CPU series in the window" in without
 
     def test_the_page_is_self_contained(self, result: ScanResult) -> None:
         text = _text("html", result)

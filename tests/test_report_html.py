@@ -16,8 +16,10 @@ from typing import Any
 
 import pytest
 
+from kube import Kube
 from prom import requires_prometheus
 from test_report_model import shop_scan, synthetic, with_xss
+from unthrottle.devtools.kube import ControlPlane
 from unthrottle.report import Report, render_html
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,11 +85,10 @@ def _open(browser: BrowserContext, path: Path) -> Iterator[Visit]:
 
 
 @pytest.fixture(scope="module")
-def shop_page(browser: BrowserContext, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
-    tuple[Visit, Report]
-]:  # fmt: skip
+def shop_page(browser: BrowserContext, tmp_path_factory: pytest.TempPathFactory,
+              control_plane: ControlPlane) -> Iterator[tuple[Visit, Report]]:  # fmt: skip
     folder = tmp_path_factory.mktemp("html")
-    with shop_scan(folder) as result:
+    with shop_scan(folder, Kube(control_plane)) as result:
         report = Report.from_scan(result, window="12h", prometheus="http://prometheus:9090")
         odd = Report.from_scan(with_xss(result), window="12h")
     path = folder / "report.html"

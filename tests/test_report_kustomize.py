@@ -6,16 +6,19 @@ from __future__ import annotations
 import shutil
 import subprocess
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from kube import Kube
 from prom import requires_prometheus
 from shop import deployment
 from test_report_model import SHOP, shop_scan
 from unthrottle.cfs.settings import format_cpu
+from unthrottle.devtools.kube import ControlPlane
 from unthrottle.recommend import Recommendation, Runtime
 from unthrottle.report import Report, render_kustomize
 from unthrottle.report.model import ReportError
@@ -88,8 +91,10 @@ def _expected(report: Report) -> dict[str, dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def shop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScanResult]:
-    with shop_scan(tmp_path_factory.mktemp("shop")) as found:
+def shop(
+    tmp_path_factory: pytest.TempPathFactory, control_plane: ControlPlane
+) -> Iterator[ScanResult]:
+    with shop_scan(tmp_path_factory.mktemp("shop"), Kube(control_plane)) as found:
         yield found
 
 
@@ -101,12 +106,13 @@ def shop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScanResult]:
 def test_the_shop_changes_exactly_as_recommended(shop: ScanResult, tmp_path: Path,
                                                  namespaced: bool) -> None:  # fmt: skip
     report = Report.from_scan(shop, window="12h")
-    manifests = [deployment(w) for w in SHOP]
+    namespace = shop.workloads[0].namespace  # the shop's, fresh on the control plane
+    manifests = [deployment(replace(w, namespace=namespace)) for w in SHOP]
     if not namespaced:
         for m in manifests:
             del m["metadata"]["namespace"]
     plain, patched = _overlay(tmp_path, manifests, render_kustomize(report),
-                              namespace=None if namespaced else "shop")  # fmt: skip
+                              namespace=None if namespaced else namespace)  # fmt: skip
     expected = _expected(report)
     for name, before in plain.items():
         diff = _diff(before, patched[name])

@@ -1,5 +1,6 @@
-"""The report model: built from a real scan (a real Prometheus, the emulator) or from its
-JSON document, the same either way; its totals are the JSON's numbers added up.
+"""The report model: built from a real scan (a real Prometheus, the real Kubernetes API
+server) or from its JSON document, the same either way; its totals are the JSON's numbers
+added up.
 
 :func:`shop_scan` is the scan the other report tests render.
 """
@@ -16,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client, config
 
-from kube_emulator import KubeEmulator
+from kube import Kube
 from prom import PrometheusServer, requires_prometheus
-from shop import HEALTHY, THROTTLED, Workload, objects, openmetrics
+from shop import HEALTHY, THROTTLED, Workload, deploy, openmetrics
+from unthrottle.devtools.kube import ControlPlane
 from unthrottle.kube.workloads import KubeWorkloadStore
 from unthrottle.metrics.source import PrometheusConfig, PrometheusSource
 from unthrottle.report import Report, ReportError, window_text
@@ -41,24 +42,23 @@ SHOP = [THROTTLED, HEALTHY, GOLANG, IDLE]
 
 
 @contextmanager
-def shop_scan(folder: Path) -> Iterator[ScanResult]:
-    """A real scan of the shop: its history in a real Prometheus, its objects in the
-    emulator, read through the kubernetes client."""
+def shop_scan(folder: Path, kube: Kube) -> Iterator[ScanResult]:
+    """A real scan of the shop: its Deployments on the real control plane (``kube``, in a
+    fresh namespace, deleted after), read through the kubernetes client, and their history
+    in a real Prometheus. The result names that namespace, not ``shop``."""
+    from kubernetes import client
+
+    placed = deploy(kube, SHOP)
+    namespace = placed[0].namespace
     end = int(time.time()) // 60 * 60
-    with (
-        KubeEmulator() as kube,
-        PrometheusServer(folder, openmetrics=openmetrics(SHOP, end)) as prom,
-    ):
-        for w in SHOP:
-            for resource, obj in objects(w):
-                kube.put(resource, obj)
-        cfg = client.Configuration()
-        config.load_kube_config(config_file=str(kube.kubeconfig(folder / "kubeconfig")),
-                                client_configuration=cfg)  # fmt: skip
-        api = client.ApiClient(cfg)
-        store = KubeWorkloadStore(client.CoreV1Api(api), client.AppsV1Api(api))
-        request = ScanRequest(window_s=DAY // 2, now=end, namespaces=("shop",))
-        yield scan(request, PrometheusSource(PrometheusConfig(prom.url)), store)
+    try:
+        with PrometheusServer(folder, openmetrics=openmetrics(placed, end)) as prom:
+            api = kube.api_client()
+            store = KubeWorkloadStore(client.CoreV1Api(api), client.AppsV1Api(api))
+            request = ScanRequest(window_s=DAY // 2, now=end, namespaces=(namespace,))
+            yield scan(request, PrometheusSource(PrometheusConfig(prom.url)), store)
+    finally:
+        kube.delete("v1/namespaces", None, namespace)
 
 
 def with_xss(result: ScanResult) -> ScanResult:
@@ -74,8 +74,10 @@ def with_xss(result: ScanResult) -> ScanResult:
 
 
 @pytest.fixture(scope="module")
-def result(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScanResult]:
-    with shop_scan(tmp_path_factory.mktemp("shop")) as found:
+def result(
+    tmp_path_factory: pytest.TempPathFactory, control_plane: ControlPlane
+) -> Iterator[ScanResult]:
+    with shop_scan(tmp_path_factory.mktemp("shop"), Kube(control_plane)) as found:
         yield found
 
 

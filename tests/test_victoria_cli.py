@@ -14,6 +14,7 @@ from prom import PrometheusServer, requires_prometheus
 from test_recommend_cli import (  # collected here too, against this module's fixture
     cli,
     cli_history,
+    cluster_shop,  # noqa: F401 (a fixture, given this module's history_server)
     test_a_selector_chooses_deployments_from_kube_state_metrics_labels,
     test_cluster_mode_takes_deployments_and_gomaxprocs_from_the_api,
     test_deployments_without_cpu_counters_name_the_missing_scrapes,
@@ -26,6 +27,14 @@ from test_victoria import RATIO_SLACK, assert_close
 from victoria import VictoriaMetricsServer, requires_victoria
 
 pytestmark = requires_victoria
+
+
+@pytest.fixture(scope="module")
+def history_server() -> type[VictoriaMetricsServer]:
+    """The control plane's shop's history, served by VictoriaMetrics here."""
+    return VictoriaMetricsServer
+
+
 REUSED = (
     test_json_has_every_workload_most_harmful_first,
     test_yaml_and_csv_carry_the_same_workloads,

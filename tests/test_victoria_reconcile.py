@@ -1,4 +1,4 @@
-"""One policy's reconcile, called directly, against the Kubernetes emulator and
+"""One policy's reconcile, called directly, against the real Kubernetes API server and
 VictoriaMetrics: test_reconcile's tests of the status, of engine reuse and of the
 checkpointed sliding window, run here with their ``world`` holding VictoriaMetrics, and
 the statuses compared with a reconcile over Prometheus."""
@@ -11,9 +11,10 @@ from collections.abc import Iterator
 import pytest
 
 import test_reconcile
-from kube_emulator import KubeEmulator
+from kube import Kube
+from kube_faults import FaultProxy
 from prom import PrometheusServer, requires_prometheus
-from shop import objects, openmetrics
+from shop import Workload, deploy, openmetrics
 from test_reconcile import (  # collected here too, against this module's fixture
     MANY,
     POLICIES,
@@ -24,6 +25,7 @@ from test_reconcile import (  # collected here too, against this module's fixtur
 )
 from test_victoria import RATIO_SLACK, assert_close
 from unthrottle.cfs.settings import parse_cpu
+from unthrottle.devtools.kube import ControlPlane
 from unthrottle.metrics.source import PrometheusConfig, PrometheusSource
 from victoria import VictoriaMetricsServer, requires_victoria
 
@@ -39,20 +41,32 @@ one_policy_at_a_time = test_reconcile.one_policy_at_a_time
 
 
 @pytest.fixture(scope="module")
-def history() -> str:
-    """test_reconcile's six hours of twelve small Deployments."""
-    return openmetrics(MANY, int(time.time()) // 60 * 60, span=6 * 3600)
+def shop(
+    control_plane: ControlPlane, throttlepolicy_crd: None
+) -> Iterator[tuple[Kube, list[Workload]]]:
+    """test_reconcile's twelve small Deployments on the control plane, as they landed."""
+    kube = Kube(control_plane)
+    placed = deploy(kube, MANY)
+    yield kube, placed
+    kube.delete("v1/namespaces", None, placed[0].namespace)
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory, history: str) -> Iterator[World]:
+def history(shop: tuple[Kube, list[Workload]]) -> str:
+    """test_reconcile's six hours of them."""
+    return openmetrics(shop[1], int(time.time()) // 60 * 60, span=6 * 3600)
+
+
+@pytest.fixture(scope="module")
+def world(
+    tmp_path_factory: pytest.TempPathFactory, shop: tuple[Kube, list[Workload]], history: str
+) -> Iterator[World]:
     folder = tmp_path_factory.mktemp("reconcile")
-    with KubeEmulator() as kube, VictoriaMetricsServer(folder, openmetrics=history) as vm:
-        for w in MANY:
-            for resource, obj in objects(w):
-                kube.put(resource, obj)
-        api = kube.api_client(kube.kubeconfig(folder / "kubeconfig"))
-        yield World(kube, PrometheusSource(PrometheusConfig(vm.url, retries=0)), api)
+    kube, placed = shop
+    with FaultProxy(kube) as proxy, VictoriaMetricsServer(folder, openmetrics=history) as vm:
+        api = kube.api_client(proxy.kubeconfig(folder / "kubeconfig"))
+        source = PrometheusSource(PrometheusConfig(vm.url, retries=0))
+        yield World(kube, proxy, source, api, placed)
 
 
 def _recommended(world: World, name: str) -> dict[str, tuple[str, tuple[int, int], float]]:
@@ -74,12 +88,13 @@ def test_the_status_over_victoria_metrics_is_the_one_over_prometheus_within_a_bu
     assert world.reconciler().reconcile(world.body("compared")).fault is None
     ours = _recommended(world, "compared")
     with PrometheusServer(tmp_path_factory.mktemp("prom"), openmetrics=history) as prom:
-        over_prometheus = World(world.kube, PrometheusSource(PrometheusConfig(prom.url)),
-                                world.api)  # fmt: skip
-        world.kube.delete(POLICIES, "big", "compared", force=True)
-        world.policy("compared", {"window": "5h"})
-        assert over_prometheus.reconciler().reconcile(world.body("compared")).fault is None
-    theirs = _recommended(world, "compared")
+        over_prometheus = World(world.kube, world.proxy, PrometheusSource(
+            PrometheusConfig(prom.url)), world.api, world.placed)  # fmt: skip
+        world.kube.delete(POLICIES, world.namespace, "compared")  # one policy at a time
+        world.policy("compared-again", {"window": "5h"})
+        again = world.body("compared-again")
+        assert over_prometheus.reconciler().reconcile(again).fault is None
+    theirs = _recommended(world, "compared-again")
     assert ours.keys() == theirs.keys() and len(ours) == 12
     for name, (state, recommended, ratio) in ours.items():
         other_state, other_recommended, other_ratio = theirs[name]

@@ -1,11 +1,12 @@
 """The scan pipeline that `recommend` and the operator share, over Prometheus and over
-VictoriaMetrics holding the same day of a shop's history, and the Kubernetes API served
-by the emulator: the same assertions hold on both, and their results agree."""
+VictoriaMetrics holding the same day of a shop's history, and the real Kubernetes API
+server holding its Deployments: the same assertions hold on both, and their results
+agree."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,10 +14,9 @@ import pytest
 
 import test_scan
 from prom import PrometheusServer, requires_prometheus
-from shop import HEALTHY, THROTTLED, openmetrics
-from test_scan import OTHER, _request
+from shop import THROTTLED, openmetrics
+from test_scan import Shop
 from test_victoria import RATIO_SLACK, assert_close
-from unthrottle.kube.workloads import KubeWorkloadStore
 from unthrottle.metrics.source import PrometheusConfig, PrometheusSource
 from unthrottle.model.selector import parse_selector
 from unthrottle.scan import ProblemKind, ScanResult, scan
@@ -24,8 +24,8 @@ from victoria import BACKENDS, VictoriaMetricsServer, requires_victoria
 
 pytestmark = requires_victoria
 DAY = 86_400
-cluster = test_scan.cluster
-"""The emulator holding the shop's Deployments (test_scan's fixture)."""
+shop = test_scan.shop
+"""The shop's Deployments on the real control plane (test_scan's fixture)."""
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -36,19 +36,19 @@ def backend(request: pytest.FixtureRequest) -> Any:
 
 @pytest.fixture(scope="module")
 def history(
-    backend: Any, tmp_path_factory: pytest.TempPathFactory
+    backend: Any, shop: Shop, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[PrometheusSource, int]]:
     end = int(time.time()) // 60 * 60
-    text = openmetrics([THROTTLED, HEALTHY, OTHER], end)
+    text = openmetrics(shop.workloads, end)
     with backend(tmp_path_factory.mktemp("history"), openmetrics=text) as server:
         yield PrometheusSource(PrometheusConfig(server.url)), end
 
 
 def test_a_throttled_deployment_gets_a_higher_limit_and_a_healthy_one_none(
-    cluster: KubeWorkloadStore, history: tuple[PrometheusSource, int]
+    shop: Shop, history: tuple[PrometheusSource, int]
 ) -> None:
     source, end = history
-    result = scan(_request(end), source, cluster)
+    result = scan(shop.request(end), source, shop.store)
     assert result.fatal is None and not result.problems
     first = result.workloads[0]
     assert first.deployment == "checkout"  # the most harmful first
@@ -60,51 +60,50 @@ def test_a_throttled_deployment_gets_a_higher_limit_and_a_healthy_one_none(
     catalog = next(w for w in result.workloads if w.deployment == "catalog").containers[0]
     assert catalog.recommendation is not None
     assert (catalog.recommendation.limit_millicores or 0) <= 1000
-    assert {w.namespace for w in result.workloads} == {"shop"}
+    assert {w.namespace for w in result.workloads} == {shop.namespace}
 
 
 @pytest.mark.parametrize(
     "changes",
-    [{"selector": parse_selector("team=nobody")}, {"namespaces": ("empty",)}],
+    [lambda shop: {"selector": parse_selector("team=nobody")},
+     lambda shop: {"namespaces": (shop.empty,)}],
     ids=["a selector that matches nothing", "a namespace with no Deployments"],
-)
+)  # fmt: skip
 def test_problems_come_back_as_data_not_exits(
-    cluster: KubeWorkloadStore, history: tuple[PrometheusSource, int], changes: dict[str, Any]
+    shop: Shop, history: tuple[PrometheusSource, int], changes: Callable[[Shop], dict[str, Any]]
 ) -> None:
     source, end = history
-    result = scan(_request(end, **changes), source, cluster)
+    result = scan(shop.request(end, **changes(shop)), source, shop.store)
     assert result.fatal is not None and result.fatal.kind == ProblemKind.NO_DEPLOYMENTS
 
 
 def test_deployments_without_counters_are_a_problem_named_for_people(
-    backend: Any, cluster: KubeWorkloadStore, tmp_path: Path
+    backend: Any, shop: Shop, tmp_path: Path
 ) -> None:
     with backend(tmp_path) as server:  # holding nothing
-        result = scan(_request(int(time.time())),
-                      PrometheusSource(PrometheusConfig(server.url)), cluster)  # fmt: skip
+        result = scan(shop.request(int(time.time())),
+                      PrometheusSource(PrometheusConfig(server.url)), shop.store)  # fmt: skip
     assert result.fatal is not None and result.fatal.kind == ProblemKind.NO_COUNTERS
     assert "container_cpu_cfs_periods_total" in result.fatal.message
     assert {w.deployment for w in result.workloads} == {"checkout", "catalog"}
 
 
-def test_counters_without_the_agent_are_noted(
-    backend: Any, cluster: KubeWorkloadStore, tmp_path: Path
-) -> None:
+def test_counters_without_the_agent_are_noted(backend: Any, shop: Shop, tmp_path: Path) -> None:
     end = int(time.time()) // 60 * 60
-    text = "\n".join(line for line in openmetrics([THROTTLED, HEALTHY], end, span=3600).splitlines()
+    text = "\n".join(line for line in openmetrics(shop.workloads[:2], end, span=3600).splitlines()
                      if not line.startswith("unthrottle_")) + "\n"  # fmt: skip
     with backend(tmp_path, openmetrics=text) as server:
         source = PrometheusSource(PrometheusConfig(server.url))
-        result = scan(_request(end, window_s=3000), source, cluster)
+        result = scan(shop.request(end, window_s=3000), source, shop.store)
     assert [p.kind for p in result.problems] == [ProblemKind.COUNTERS_ONLY]
     assert all(c.evidence == "counters" for w in result.workloads for c in w.containers)
 
 
 @pytest.fixture(scope="module")
-def both(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, int]]:
+def both(shop: Shop, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str, int]]:
     """Prometheus and VictoriaMetrics holding the same day."""
     end = int(time.time()) // 60 * 60
-    text = openmetrics([THROTTLED, HEALTHY, OTHER], end)
+    text = openmetrics(shop.workloads, end)
     folder = tmp_path_factory.mktemp("both")
     with (PrometheusServer(folder, openmetrics=text) as prom,
           VictoriaMetricsServer(folder, openmetrics=text) as vm):  # fmt: skip
@@ -123,12 +122,12 @@ def _limits(result: ScanResult) -> dict[tuple[str, str], tuple[Any, ...]]:
 @requires_prometheus
 @pytest.mark.parametrize("window_s", [DAY // 2, DAY - 60], ids=["12h", "a day"])
 def test_both_backends_recommend_the_same_within_a_bucket(
-    cluster: KubeWorkloadStore, both: tuple[str, str, int], window_s: int
+    shop: Shop, both: tuple[str, str, int], window_s: int
 ) -> None:
     prom_url, vm_url, end = both
-    request = _request(end, window_s=window_s)
-    ours = scan(request, PrometheusSource(PrometheusConfig(vm_url)), cluster)
-    theirs = scan(request, PrometheusSource(PrometheusConfig(prom_url)), cluster)
+    request = shop.request(end, window_s=window_s)
+    ours = scan(request, PrometheusSource(PrometheusConfig(vm_url)), shop.store)
+    theirs = scan(request, PrometheusSource(PrometheusConfig(prom_url)), shop.store)
     assert [w.deployment for w in ours.workloads] == [w.deployment for w in theirs.workloads]
     assert [p.kind for p in ours.problems] == [p.kind for p in theirs.problems]
     a, b = _limits(ours), _limits(theirs)

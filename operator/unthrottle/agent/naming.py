@@ -7,9 +7,9 @@ again at every rediscovery, so new pods, restarted containers (new IDs) and
 deleted pods are followed. A cgroup whose pod or container the API does not
 know (yet), such as the sandbox's pause container, is not exported.
 
-The API is read through :class:`PodSource`, a narrow interface. Tests serve it
-from the kmock emulator over HTTP, and a real cluster from ``KUBECONFIG`` or
-the in-cluster service account.
+The API is read through :class:`PodSource`, a narrow interface: from
+``KUBECONFIG`` or the in-cluster service account. The tests read a real
+kube-apiserver whose pods run on kwok's fake nodes.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+import urllib3
 
 from unthrottle.agent.discovery import Found, Identity
 
@@ -64,6 +66,19 @@ def pod_info(item: dict[str, Any]) -> PodInfo:
     )
 
 
+def _one_attempt(api: Any) -> None:
+    """A list is one request: no retry inside it. urllib3 retries a GET that timed out
+    three times by default, so a hung API server held discovery for 4 × ``timeout_s``
+    (measured behind a proxy that answered late: 2.0 s at 0.5 s). The agent lists again at
+    its next discovery anyway, and :class:`CachedPods` keeps the last list meanwhile.
+    A client without urllib3's pool manager (another kind of ``api``) is left as it is."""
+    rest = getattr(getattr(api, "api_client", None), "rest_client", None)
+    pools = getattr(rest, "pool_manager", None)
+    if pools is not None and isinstance(getattr(pools, "connection_pool_kw", None), dict):
+        pools.connection_pool_kw["retries"] = urllib3.Retry(total=0)
+        pools.clear()  # pools made before now would keep their retries
+
+
 class KubePodSource:
     """Pods on one node, from the Kubernetes API (``kubernetes.client.CoreV1Api``)."""
 
@@ -73,6 +88,7 @@ class KubePodSource:
         self.timeout_s = timeout_s
         """Connect and read timeout of each list, s: a hung API server must not hang the
         discovery thread (and with it the burst writer) forever."""
+        _one_attempt(api)
 
     def pods(self) -> list[PodInfo]:
         """List this node's pods (from the API server's cache: resourceVersion 0)."""
@@ -83,7 +99,7 @@ class KubePodSource:
             _request_timeout=(self.timeout_s, self.timeout_s),
         )
         items = json.loads(reply.data).get("items", [])
-        # Filter here too: not every server honours field selectors (the emulator does not).
+        # Filter here too (cheap): another node's pod must never name a cgroup here.
         return [
             pod_info(item)
             for item in items
