@@ -3,7 +3,8 @@ checks, and the markers that skip by themselves.
 
 - ``kernel``: skipped, with the reason, without root or a cgroup CPU controller;
 - ``cluster``: the real-cluster suite is opt-in, skipped unless
-  ``UNTHROTTLE_TEST_CLUSTER=1`` (see ``tests/test_real_cluster.py``).
+  ``UNTHROTTLE_TEST_CLUSTER=1`` (see ``tests/test_real_cluster.py``): against KUBECONFIG's
+  cluster, or without it against the tests' own control plane.
 
 The real control plane (``control_plane``, ``kube``): one per run, started on first use
 (tests/kube.py); each test that asks for ``kube`` gets a namespace of its own.
@@ -44,7 +45,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     asks for."""
     no_kernel = pytest.mark.skip(reason=f"kernel test: {KERNEL_MISSING}")
     no_cluster = pytest.mark.skip(
-        reason=f"real-cluster suite is opt-in: set {CLUSTER_OPT_IN}=1 and KUBECONFIG"
+        reason=f"real-cluster suite is opt-in: set {CLUSTER_OPT_IN}=1 (with KUBECONFIG for a "
+        "cluster of yours; without, against the tests' own control plane)"
     )
     for item in items:
         if KERNEL_LAYOUT is None and item.get_closest_marker("kernel") is not None:

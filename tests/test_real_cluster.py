@@ -1,10 +1,13 @@
 """Against a real cluster: opt-in, never run by ``make test`` unless asked.
 
-It runs only with ``UNTHROTTLE_TEST_CLUSTER=1`` and a ``KUBECONFIG`` that names a
-cluster, against that kubeconfig's *current context*; it creates and deletes a
-namespace there. An unreachable cluster is a skip with the reason, not a failure.
+It runs only with ``UNTHROTTLE_TEST_CLUSTER=1``: against the *current context* of
+``KUBECONFIG`` when it names a cluster, or, without ``KUBECONFIG``, against the tests' own
+control plane (kube-apiserver, controllers and kwok's nodes built from their Go modules,
+tests/kube.py), started for the run. It creates and deletes a namespace there. An
+unreachable cluster is a skip with the reason, not a failure.
 
     UNTHROTTLE_TEST_CLUSTER=1 KUBECONFIG=~/.kube/config .venv/bin/pytest -m cluster
+    UNTHROTTLE_TEST_CLUSTER=1 .venv/bin/pytest -m cluster     # the local control plane
     # and, for `recommend` end to end, a Prometheus that scrapes that cluster:
     UNTHROTTLE_TEST_CLUSTER=1 UNTHROTTLE_TEST_PROMETHEUS=http://prometheus:9090 \
         KUBECONFIG=… .venv/bin/pytest -m cluster
@@ -21,6 +24,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,23 +38,44 @@ pytestmark = [
     pytest.mark.cluster,
     pytest.mark.skipif(
         os.environ.get("UNTHROTTLE_TEST_CLUSTER") != "1",
-        reason="real-cluster suite is opt-in: set UNTHROTTLE_TEST_CLUSTER=1 and KUBECONFIG",
+        reason="real-cluster suite is opt-in: set UNTHROTTLE_TEST_CLUSTER=1 (and KUBECONFIG, "
+        "or none for the local control plane)",
     ),
     pytest.mark.skipif(
-        not KUBECONFIG or not Path(KUBECONFIG.split(os.pathsep)[0]).expanduser().exists(),
-        reason="KUBECONFIG does not name a cluster",
+        bool(KUBECONFIG) and not Path(KUBECONFIG.split(os.pathsep)[0]).expanduser().exists(),
+        reason="KUBECONFIG does not name a file",
     ),
 ]
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
 
 
+@dataclass(frozen=True)
+class Cluster:
+    """Where the suite runs: KUBECONFIG's cluster, or the tests' control plane (``local``)."""
+
+    kubeconfig: str
+    local: bool
+
+    def env(self) -> dict[str, str]:
+        """The environment of a child process that should talk to this cluster."""
+        return {**os.environ, "KUBECONFIG": self.kubeconfig}
+
+
 @pytest.fixture(scope="module")
-def apis() -> tuple[Any, Any]:
+def cluster(request: pytest.FixtureRequest) -> Cluster:
+    if KUBECONFIG:
+        return Cluster(KUBECONFIG, local=False)
+    plane = request.getfixturevalue("control_plane")  # tests/conftest.py
+    return Cluster(str(plane.kubeconfig), local=True)
+
+
+@pytest.fixture(scope="module")
+def apis(cluster: Cluster) -> tuple[Any, Any]:
     """The current context's core and apps APIs; a skip, with the reason, if unreachable."""
     from kubernetes import client, config
 
     try:
-        config.load_kube_config()
+        config.load_kube_config(config_file=cluster.kubeconfig)  # several paths: merged
         client.VersionApi().get_code(_request_timeout=REACH_TIMEOUT_S)
     except Exception as err:  # a bad kubeconfig or a cluster that does not answer
         pytest.skip(f"the cluster of KUBECONFIG's current context is unreachable: {err}")
@@ -114,12 +139,12 @@ def test_deployments_containers_and_pod_owners_come_from_the_api(
 @pytest.mark.skipif(
     "UNTHROTTLE_TEST_PROMETHEUS" not in os.environ, reason="UNTHROTTLE_TEST_PROMETHEUS not set"
 )
-def test_recommend_lists_the_deployment_in_cluster_mode(namespace: str) -> None:
+def test_recommend_lists_the_deployment_in_cluster_mode(cluster: Cluster, namespace: str) -> None:
     out = subprocess.run(
         [str(UNTHROTTLE), "recommend", "--prometheus", os.environ["UNTHROTTLE_TEST_PROMETHEUS"],
          "--namespace", namespace, "--selector", "tier=front", "--window", "1h",
          "--format", "json"],
-        capture_output=True, text=True, timeout=300, check=False,
+        capture_output=True, text=True, timeout=300, check=False, env=cluster.env(),
     )  # fmt: skip
     # a fresh Deployment may have no CPU series yet: that is exit 1 with the reason
     if out.returncode == 1:
@@ -131,12 +156,37 @@ def test_recommend_lists_the_deployment_in_cluster_mode(namespace: str) -> None:
     assert {c["name"] for c in web["containers"]} == {"app", "sidecar"}
 
 
+def delete_policy(namespace: str, name: str, *, timeout_s: float = 30.0) -> None:
+    """Delete a policy and wait until it is gone: the operator, still running, removes
+    Kopf's finalizer (otherwise the policy, and its namespace, hang in deletion)."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    custom = client.CustomObjectsApi()
+    where = ("unthrottle.io", "v1alpha1", namespace, "throttlepolicies", name)
+    try:
+        custom.delete_namespaced_custom_object(*where)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            custom.get_namespaced_custom_object(*where)
+            time.sleep(0.5)
+    except ApiException as error:
+        if error.status != 404:
+            raise
+
+
 CRD = Path(__file__).resolve().parent.parent / "crds" / "throttlepolicy.yaml"
 
 
 @pytest.fixture(scope="module")
-def crd_installed() -> Iterator[None]:
-    """The ThrottlePolicy CRD, installed from the committed file (left if it was there)."""
+def crd_installed(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[None]:
+    """The ThrottlePolicy CRD, installed from the committed file (left if it was there).
+    On the local control plane, the tests' own (conftest: applied with kubectl, shared
+    with the other modules of the run, so never deleted here)."""
+    if cluster.local:
+        request.getfixturevalue("throttlepolicy_crd")
+        yield
+        return
     import yaml
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
@@ -165,7 +215,7 @@ def crd_installed() -> Iterator[None]:
 
 
 def test_the_crd_installs_and_a_recommend_reconcile_writes_status(
-    namespace: str, crd_installed: None, tmp_path: Path
+    cluster: Cluster, namespace: str, crd_installed: None, tmp_path: Path
 ) -> None:
     from kubernetes import client
 
@@ -178,7 +228,7 @@ def test_the_crd_installs_and_a_recommend_reconcile_writes_status(
         operator = subprocess.Popen(
             [str(UNTHROTTLE), "operator", "--prometheus", url, "--namespace", namespace,
              "--standalone", "--log-format", "text"],
-            stdout=log, stderr=subprocess.STDOUT,
+            stdout=log, stderr=subprocess.STDOUT, env=cluster.env(),
         )  # fmt: skip
         try:
             custom.create_namespaced_custom_object(
@@ -205,9 +255,7 @@ def test_the_crd_installs_and_a_recommend_reconcile_writes_status(
             apps = client.AppsV1Api()
             deploy = apps.read_namespaced_deployment("web", namespace)
             assert deploy.spec.template.spec.containers[0].resources.limits["cpu"] == "300m"
-            custom.delete_namespaced_custom_object(
-                "unthrottle.io", "v1alpha1", namespace, "throttlepolicies", "front"
-            )
         finally:
+            delete_policy(namespace, "front")  # while the operator runs: Kopf's finalizer
             stop(operator, timeout_s=30)
             log.close()

@@ -7,36 +7,131 @@ A Deployment burns CPU under a tight limit (busybox in a loop, 100m); the cluste
 Prometheus must scrape cAdvisor (or the unthrottle agent) for its counters. The
 operator, run here in Apply mode against that cluster, patches the limit with its
 record; the real Deployment controller rolls it out; after ``verifyFor`` the record
-carries a verdict. Skipped without ``UNTHROTTLE_TEST_PROMETHEUS``.
+carries a verdict. Skipped without ``UNTHROTTLE_TEST_PROMETHEUS`` on a cluster of
+KUBECONFIG.
+
+On the tests' own control plane (no KUBECONFIG), kwok runs no container and no kernel
+counts its CPU: a real Prometheus scrapes, every second, what cAdvisor would export for
+the busy loop of each running pod of the namespace (:class:`BusyLoopCounters`: one core
+wanted, under the CPU limit the pod has in the API, from the pod's start). The patch, the
+rollout and the new pods are the real server's and controllers'; the verdict is made from
+the new pods' counters.
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from test_real_cluster import UNTHROTTLE, apis, crd_installed, pytestmark  # noqa: F401
+from test_real_cluster import (  # noqa: F401
+    UNTHROTTLE,
+    Cluster,
+    apis,
+    cluster,
+    crd_installed,
+    delete_policy,
+    pytestmark,
+)
+from unthrottle.cfs.settings import parse_cpu
 from unthrottle.devtools.processes import stop
 
-pytestmark = [
-    *pytestmark,
-    pytest.mark.skipif(
-        "UNTHROTTLE_TEST_PROMETHEUS" not in os.environ, reason="UNTHROTTLE_TEST_PROMETHEUS not set"
-    ),
-]
 RECORD = "unthrottle.io/last-applied"
+PERIOD_S = 0.1  # the kubelet's default CFS period
+
+
+class BusyLoopCounters:
+    """cAdvisor's CPU counters for a loop that wants one core, in every running container
+    of ``namespace``, under the CPU limit its pod has in the API (read at each scrape)."""
+
+    def __init__(self, core: Any, namespace: str) -> None:
+        self.core, self.namespace = core, namespace
+        counters = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = counters.exposition().encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.address = f"127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def exposition(self) -> str:
+        lines = []
+        now = time.time()
+        for pod in self.core.list_namespaced_pod(self.namespace).items:
+            if pod.status.phase != "Running" or pod.status.start_time is None:
+                continue
+            alive = max(0.0, now - pod.status.start_time.timestamp())
+            for c in pod.spec.containers:
+                limit = parse_cpu((c.resources.limits or {}).get("cpu", "0")) / 1000 or 1.0
+                labels = (f'namespace="{self.namespace}",pod="{pod.metadata.name}",'
+                          f'container="{c.name}"')  # fmt: skip
+                throttled = alive / PERIOD_S if limit < 1.0 else 0.0
+                for name, value in (
+                    ("usage_seconds", min(1.0, limit) * alive),
+                    ("cfs_periods", alive / PERIOD_S),
+                    ("cfs_throttled_periods", throttled),
+                    ("cfs_throttled_seconds", max(0.0, 1.0 - limit) * alive),
+                ):
+                    lines.append(f"container_cpu_{name}_total{{{labels}}} {value:.6f}")
+        return "\n".join(lines) + "\n"
+
+    def __enter__(self) -> BusyLoopCounters:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(10)
 
 
 @pytest.fixture(scope="module")
-def burning(apis: tuple[Any, Any]) -> Iterator[str]:
+def burn_namespace() -> str:
+    return f"unthrottle-apply-{os.getpid()}"
+
+
+@pytest.fixture(scope="module")
+def prometheus(cluster: Cluster, apis: tuple[Any, Any], burn_namespace: str,
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:  # fmt: skip
+    """The Prometheus that has the burning pods' counters (see the module's docstring)."""
+    given = os.environ.get("UNTHROTTLE_TEST_PROMETHEUS")
+    if given:
+        yield given
+        return
+    if not cluster.local:
+        pytest.skip("UNTHROTTLE_TEST_PROMETHEUS not set")
+    from prom import PrometheusServer, have_prometheus
+
+    if not have_prometheus():
+        pytest.skip("prometheus is not installed (make test installs it as root)")
+    with BusyLoopCounters(apis[0], burn_namespace) as counters:
+        scrape = ("scrape_configs:\n  - job_name: cadvisor\n    honor_labels: true\n"
+                  f"    static_configs: [{{targets: ['{counters.address}']}}]\n")  # fmt: skip
+        with PrometheusServer(tmp_path_factory.mktemp("prometheus"), scrape=scrape) as server:
+            yield server.url
+
+
+@pytest.fixture(scope="module")
+def burning(apis: tuple[Any, Any], burn_namespace: str, prometheus: str) -> Iterator[str]:
     core, apps = apis
-    name = f"unthrottle-apply-{os.getpid()}"
+    name = burn_namespace
     core.create_namespace({"metadata": {"name": name}})
     apps.create_namespaced_deployment(name, {
         "metadata": {"name": "burn", "labels": {"tier": "burn"}},
@@ -54,7 +149,12 @@ def burning(apis: tuple[Any, Any]) -> Iterator[str]:
 
 
 def test_an_apply_cycle_patches_rolls_out_and_gets_a_verdict(
-    apis: tuple[Any, Any], burning: str, crd_installed: None, tmp_path: Path
+    cluster: Cluster,
+    apis: tuple[Any, Any],
+    prometheus: str,
+    burning: str,
+    crd_installed: None,
+    tmp_path: Path,
 ) -> None:
     from kubernetes import client
 
@@ -63,9 +163,9 @@ def test_an_apply_cycle_patches_rolls_out_and_gets_a_verdict(
     custom = client.CustomObjectsApi()
     log = (tmp_path / "operator.log").open("w")
     operator = subprocess.Popen(
-        [str(UNTHROTTLE), "operator", "--prometheus", os.environ["UNTHROTTLE_TEST_PROMETHEUS"],
+        [str(UNTHROTTLE), "operator", "--prometheus", prometheus,
          "--namespace", burning, "--standalone", "--log-format", "text"],
-        stdout=log, stderr=subprocess.STDOUT,
+        stdout=log, stderr=subprocess.STDOUT, env=cluster.env(),
     )  # fmt: skip
     try:
         custom.create_namespaced_custom_object(
@@ -91,6 +191,8 @@ def test_an_apply_cycle_patches_rolls_out_and_gets_a_verdict(
                     assert limit != "100m"  # the change landed with its record
             time.sleep(5)
         assert verdict in {"Applied", "RolledBack"}, (tmp_path / "operator.log").read_text()
+        print(f"verdict {verdict}: {record.verdict_reason}; limit {limit}")
     finally:
+        delete_policy(burning, "burn")  # while the operator runs: Kopf's finalizer
         stop(operator, timeout_s=30)
         log.close()
