@@ -6,8 +6,9 @@ descriptions included. Field names are the resource's (camelCase aliases);
 Python attributes are snake_case.
 
 The operator validates every spec itself with :func:`parse_spec`, defaults
-included: a cluster may run without the CRD's validation, and the Kubernetes
-emulator in the tests does no defaulting. A bad spec is a :class:`SpecError`
+included: a cluster may hold policies stored under an older CRD, and the schema cannot
+say everything the model does (a window of at least 5 minutes in ``d`` and ``w``
+units, for one). A bad spec is a :class:`SpecError`
 naming the field (``limits.min``, ``selector.matchExpressions[0].operator``) and
 the fix, for a status condition and an event.
 """
