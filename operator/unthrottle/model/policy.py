@@ -285,7 +285,8 @@ class LimitsSpec(_Spec):
                     # has(): the API server checks the rule on the default ({}) too, before
                     # the fields' own defaults fill it in (the CRD was refused without it)
                     "rule": "!has(self.min) || !has(self.max) || !isQuantity(self.min) || "
-                    "!isQuantity(self.max) || quantity(self.min).compareTo(quantity(self.max)) <= 0",
+                    "!isQuantity(self.max) || "
+                    "quantity(self.min).compareTo(quantity(self.max)) <= 0",
                     "message": "limits.min must not be above limits.max",
                 }
             ]
