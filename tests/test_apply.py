@@ -1,13 +1,21 @@
 """Apply mode, one reconcile at a time on a clock the test moves: patches, verification on
-the new pods' counters, rollback, and the safety rules. The Kubernetes emulator over HTTP
-stands in for the API server (and the test for the Deployment controller); a real
-Prometheus serves history in which the series go on after the patch, better or worse."""
+the new pods' counters, rollback, and the safety rules.
+
+The real control plane (tests/kube.py): the reconciler patches Deployments on the real
+kube-apiserver through a recording proxy (tests/kube_faults.py), and the real Deployment
+controller rolls them out onto kwok's fake nodes. A real Prometheus serves the history:
+before the patch, the pods of each Deployment's ReplicaSet; after the rollout, the pods of
+the ReplicaSet the controller made for the patched template, better or worse. That
+ReplicaSet's name is known only once it exists, so its history is added then: Prometheus
+reads backfilled blocks when it starts, and is restarted on its port with the new ones."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import re
+import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -16,21 +24,28 @@ from typing import Any
 
 import pytest
 
-from kube_emulator import KubeEmulator
+from kube import JSON_PATCH, Kube, fresh_name
+from kube_faults import FaultProxy
 from prom import PrometheusServer, requires_prometheus
-from shop import Workload, objects, openmetrics
+from realistic import NON_ASCII, URL
+from realistic import deployment as realistic_deployment
+from shop import Workload, deploy, openmetrics, rehash
 from unthrottle.cfs.settings import parse_cpu
+from unthrottle.devtools.kube import ControlPlane
 from unthrottle.kube.deployments import KubeDeployments
 from unthrottle.kube.objects import KubeObjects
 from unthrottle.kube.patching import RECORD_ANNOTATION, Record
 from unthrottle.kube.workloads import KubeWorkloadStore
 from unthrottle.metrics.source import PrometheusConfig, PrometheusSource
+from unthrottle.operator.gates import rollout
 from unthrottle.operator.reconcile import Reconciler
 from unthrottle.operator.settings import OperatorSettings
 
 pytestmark = requires_prometheus
+ROOT = Path(__file__).resolve().parent
 POLICIES = "unthrottle.io/v1alpha1/throttlepolicies"
 DEPLOYMENTS = "apps/v1/deployments"
+VPAS = "autoscaling.k8s.io/v1/verticalpodautoscalers"
 HOUR = 3600
 NOW = int(time.time()) // 60 * 60
 T0 = NOW - 3 * HOUR
@@ -44,9 +59,14 @@ OTHER_NS = Workload(
     "elsewhere", "better", 0.1, 0.10, 1.2, 0.5, 1, {"app.kubernetes.io/part-of": "a"}
 )
 BEFORE = [BETTER, WORSE, FAILS, OTHER_NS]
-# after the rollout (new ReplicaSets): better is not throttled any more, worse is more
-AFTER = [replace(BETTER, template_hash="9f8e7d", limit=1.3),
-         replace(WORSE, template_hash="9f8e7d", share=0.4, limit=0.66)]  # fmt: skip
+# after the rollout (the new ReplicaSet's pods): better is not throttled any more, worse is more
+HELPED = {"app": {"limit": 1.3}}
+HURT = {"app": {"share": 0.4, "limit": 0.66}}
+
+# a Deployment as users write them (tests/realistic.py): an app, a sidecar, an init container,
+# shell `&&`, URLs with query strings, non-ASCII env and annotations; both containers throttled
+REAL_APP = Workload("real", "checkout", 0.1, 0.10, 1.2, 0.5, 2, container="app")
+REAL_SIDECAR = Workload("real", "checkout", 0.02, 0.10, 0.3, 0.1, 2, container="sidecar")
 
 
 class Clock:
@@ -57,17 +77,45 @@ class Clock:
         return self.now
 
 
+Metrics = Any
+"""A PrometheusServer, or a VictoriaMetricsServer (tests/victoria.py): ``url``, ``with``."""
+
+
+def restarted(prom: PrometheusServer, history: str) -> PrometheusServer:
+    """``prom`` serving more history: Prometheus reads backfilled blocks when it starts, so
+    it is stopped, promtool writes the new blocks into its TSDB, and it starts again on the
+    same port (unless a test had stopped it: then it stays stopped, with the blocks)."""
+    running = prom.proc is not None and prom.proc.poll() is None
+    prom.__exit__(None, None, None)
+    again = PrometheusServer(prom.folder, openmetrics=history, tsdb=prom.tsdb)
+    again.port, again.url = prom.port, prom.url
+    return again.__enter__() if running else again
+
+
 class World:
-    def __init__(self, kube: KubeEmulator, prom: PrometheusServer, api: Any) -> None:
-        self.kube, self.prom, self.api = kube, prom, api
+    """The control plane, the recording proxy the reconciler talks through, the metrics
+    server and a reconciler on the test's clock. ``stage`` is the policies' namespace;
+    ``containers`` each Deployment's containers as its current ReplicaSet runs them."""
+
+    def __init__(self, kube: Kube, proxy: FaultProxy, prom: Metrics, folder: Path,
+                 placed: list[Workload], stage: str) -> None:  # fmt: skip
+        self.kube, self.proxy, self.prom, self.stage = kube, proxy, prom, stage
+        self.elsewhere = ""
+        """A namespace whose Deployments no policy here may touch (the shop's)."""
+        self.containers: dict[str, list[Workload]] = {}
+        for w in placed:
+            if w.namespace == stage:
+                self.containers.setdefault(w.name, []).append(w)
         self.clock = Clock(T0)
+        self.api = kube.api_client(proxy.kubeconfig(folder / "kubeconfig"))
         self.source = PrometheusSource(PrometheusConfig(prom.url, retries=0))
         from kubernetes import client
 
         self.reconciler = Reconciler(
             OperatorSettings(self.source.config), metrics=self.source,
-            workloads=KubeWorkloadStore(client.CoreV1Api(api), client.AppsV1Api(api)),
-            objects=KubeObjects(api), deployments=KubeDeployments(api), clock=self.clock,
+            workloads=KubeWorkloadStore(client.CoreV1Api(self.api), client.AppsV1Api(self.api)),
+            objects=KubeObjects(self.api), deployments=KubeDeployments(self.api),
+            clock=self.clock,
         )  # fmt: skip
 
     def policy(self, name: str, part_of: str, **spec: Any) -> None:
@@ -77,49 +125,116 @@ class World:
                 **spec}  # fmt: skip
         self.kube.create(POLICIES, {"apiVersion": "unthrottle.io/v1alpha1",
                                     "kind": "ThrottlePolicy",
-                                    "metadata": {"namespace": "stage", "name": name},
+                                    "metadata": {"namespace": self.stage, "name": name},
                                     "spec": spec})  # fmt: skip
 
     def reconcile(self, name: str) -> dict[str, Any]:
-        body = self.kube.get(POLICIES, "stage", name)
+        body = self.kube.get(POLICIES, self.stage, name)
         assert body is not None
         outcome = self.reconciler.reconcile(body)
         assert outcome.fault is None, self.status(name)
         return self.status(name)
 
     def status(self, name: str) -> dict[str, Any]:
-        return (self.kube.get(POLICIES, "stage", name) or {}).get("status") or {}
+        return (self.kube.get(POLICIES, self.stage, name) or {}).get("status") or {}
 
-    def deployment(self, name: str, namespace: str = "stage") -> dict[str, Any]:
-        found = self.kube.get(DEPLOYMENTS, namespace, name)
+    def deployment(self, name: str, namespace: str | None = None) -> dict[str, Any]:
+        found = self.kube.get(DEPLOYMENTS, namespace or self.stage, name)
         assert found is not None
         return found
 
-    def roll_out(self, before: Workload, after: Workload | None) -> None:
-        """Play the Deployment controller: the new ReplicaSet's pods replace the old ones."""
-        if after is not None:
-            for pod in before.pod_names():
-                self.kube.delete("v1/pods", before.namespace, pod, force=True)
-            for resource, obj in objects(after):
-                if resource != DEPLOYMENTS:
-                    self.kube.put(resource, obj)
-        self.kube.complete_rollout(before.namespace, before.name)
+    def edit(self, name: str, patch: Any, *, json_patch: bool = False) -> None:
+        """Somebody (not unthrottle) edits a Deployment: a merge patch, or a JSON Patch;
+        then the controller rolls the edit out, as it would long before a reconcile (a
+        Deployment mid-rollout has its status rewritten at every pod it replaces, and a
+        patch guarded by the resourceVersion read a moment before may meet one of them)."""
+        kind = {"content_type": JSON_PATCH} if json_patch else {}
+        self.kube.patch(DEPLOYMENTS, self.stage, name, patch, **kind)
+        self.kube.rolled_out(self.stage, name)
+
+    def roll_out(self, name: str, *, since: int = T0 + 120, **changes: dict[str, Any]) -> None:
+        """Wait for the real controller's rollout of ``name``; then serve its new pods'
+        history from ``since`` on, each container changed by ``changes[container]``."""
+        olds = self.containers[name]
+        news = [rehash(self.kube, w, **changes.get(w.container, {})) for w in olds]
+        self.containers[name] = news
+        self.add_history(openmetrics(news, NOW, span=NOW - since))
+
+    def add_history(self, history: str) -> None:
+        if isinstance(self.prom, PrometheusServer):
+            self.prom = restarted(self.prom, history)
+        else:  # VictoriaMetrics takes history through its import API while it runs
+            self.prom.load(history)
 
     def events(self, name: str) -> list[dict[str, Any]]:
-        return [e for e in self.kube.list("v1/events", "stage")
+        return [e for e in self.kube.list("v1/events", self.stage)
                 if e.get("involvedObject", {}).get("name") == name]  # fmt: skip
 
 
+@contextlib.contextmanager
+def running(folder: Path, kube: Kube, placed: list[Workload], stage: str,
+            backend: Any) -> Iterator[World]:  # fmt: skip
+    """A World over Deployments already on the control plane (``placed``, whose
+    namespaces are deleted after), with their history up to T0 in ``backend``."""
+    history = openmetrics(placed, T0, span=2 * HOUR)
+    try:
+        with FaultProxy(kube) as proxy, backend(folder, openmetrics=history) as prom:
+            world = World(kube, proxy, prom, folder, placed, stage)
+            try:
+                yield world
+            finally:
+                world.prom.__exit__(None, None, None)  # the one running now
+    finally:
+        for namespace in {w.namespace for w in placed}:
+            kube.delete("v1/namespaces", None, namespace)
+
+
+@contextlib.contextmanager
+def shop_world(folder: Path, plane: ControlPlane, backend: Any) -> Iterator[World]:
+    """BEFORE's Deployments in two fresh namespaces (``stage`` and ``elsewhere``)."""
+    kube = Kube(plane)
+    placed = deploy(kube, BEFORE)
+    with running(folder, kube, placed, placed[0].namespace, backend) as world:
+        world.elsewhere = placed[-1].namespace
+        yield world
+
+
 @pytest.fixture
-def world(tmp_path: Path) -> Iterator[World]:
-    history = openmetrics(BEFORE, T0, span=2 * HOUR) + "".join(
-        openmetrics([w], NOW, span=NOW - T0 - 120) for w in AFTER)  # fmt: skip
-    with KubeEmulator(vpa=True) as kube, PrometheusServer(tmp_path, openmetrics=history) as prom:
-        for w in BEFORE:
-            for resource, obj in objects(w):
-                kube.put(resource, obj)
-            kube.complete_rollout(w.namespace, w.name)
-        yield World(kube, prom, kube.api_client(kube.kubeconfig(tmp_path / "kubeconfig")))
+def world(tmp_path: Path, control_plane: ControlPlane,
+          throttlepolicy_crd: None) -> Iterator[World]:  # fmt: skip
+    with shop_world(tmp_path, control_plane, PrometheusServer) as world:
+        yield world
+
+
+@pytest.fixture
+def real_world(tmp_path: Path, control_plane: ControlPlane,
+               throttlepolicy_crd: None) -> Iterator[World]:  # fmt: skip
+    """The realistic ``checkout`` (app, sidecar, init container) in a fresh namespace."""
+    kube = Kube(control_plane)
+    namespace = fresh_name("real")
+    kube.create_namespace(namespace)
+    kube.create(DEPLOYMENTS, realistic_deployment(
+        namespace, "checkout", labels={"app.kubernetes.io/part-of": "r"}))  # fmt: skip
+    rs = kube.replicaset_of(kube.rolled_out(namespace, "checkout"))
+    placed = [replace(w, namespace=namespace,
+                      template_hash=rs["metadata"]["labels"]["pod-template-hash"])
+              for w in (REAL_APP, REAL_SIDECAR)]  # fmt: skip
+    with running(tmp_path, kube, placed, namespace, PrometheusServer) as world:
+        yield world
+
+
+@pytest.fixture(scope="session")
+def vpa_crd(control_plane: ControlPlane) -> None:
+    """The VerticalPodAutoscaler CRD (tests/crds/), applied with kubectl and Established."""
+    kubectl = [str(control_plane.bin("kubectl")), "--kubeconfig", str(control_plane.kubeconfig)]
+    for args in (
+        ["apply", "-f", str(ROOT / "crds" / "verticalpodautoscaler.yaml")],
+        ["wait", "--for=condition=Established", "--timeout=60s",
+         "crd/verticalpodautoscalers.autoscaling.k8s.io"],
+    ):  # fmt: skip
+        done = subprocess.run([*kubectl, *args], capture_output=True, text=True, timeout=90,
+                              check=False)  # fmt: skip
+        assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
 
 
 def _state(status: dict[str, Any], deployment: str) -> tuple[str, str]:
@@ -127,9 +242,22 @@ def _state(status: dict[str, Any], deployment: str) -> tuple[str, str]:
     return w["state"], w["message"] or ""
 
 
-def _limit(deployment: dict[str, Any]) -> int:
-    cpu = deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"]
-    return parse_cpu(cpu)
+def _limit(deployment: dict[str, Any], container: int = 0) -> int:
+    spec = deployment["spec"]["template"]["spec"]
+    return parse_cpu(spec["containers"][container]["resources"]["limits"]["cpu"])
+
+
+def _limits(deployment: dict[str, Any]) -> dict[str, int]:
+    return {c["name"]: parse_cpu(c["resources"]["limits"]["cpu"])
+            for c in deployment["spec"]["template"]["spec"]["containers"]}  # fmt: skip
+
+
+def _hash(replicaset: dict[str, Any]) -> str:
+    return str(replicaset["metadata"]["labels"]["pod-template-hash"])
+
+
+def _record(deployment: dict[str, Any]) -> Record:
+    return Record.from_annotation(deployment["metadata"]["annotations"][RECORD_ANNOTATION])
 
 
 def _without(d: dict[str, Any], *paths: tuple[str, ...]) -> dict[str, Any]:
@@ -151,7 +279,7 @@ def test_apply_patches_exactly_the_intended_fields_and_records_what_was_there(
     assert _state(status, "better")[0] == "Verifying"
     after = world.deployment("better")
     assert _limit(after) > 500
-    record = Record.from_annotation(after["metadata"]["annotations"][RECORD_ANNOTATION])
+    record = _record(after)
     (change,) = record.containers
     assert (change.before.cpu_limit, change.after.cpu_limit) == (500, _limit(after))
     assert change.ratio_before == pytest.approx(BETTER.throttled_share(), abs=0.02)
@@ -160,10 +288,13 @@ def test_apply_patches_exactly_the_intended_fields_and_records_what_was_there(
         "unthrottle.io/cpu-burst")  # fmt: skip
     assert (burst is None) == (change.after.burst_us == 0)
     # nothing else changed: other fields, the request, env and labels are as they were
+    # (the status is the Deployment controller's, managedFields the server's bookkeeping)
     changed = [
         ("metadata", "annotations"),
         ("metadata", "resourceVersion"),
         ("metadata", "generation"),
+        ("metadata", "managedFields"),
+        ("status",),
         ("spec", "template", "metadata", "annotations"),
         ("spec", "template", "spec", "containers", "0", "resources", "limits"),
     ]
@@ -176,14 +307,14 @@ def test_apply_patches_exactly_the_intended_fields_and_records_what_was_there(
     )
     assert after["metadata"]["generation"] == before["metadata"]["generation"] + 1
     # one JSON Patch, with tests, and an event in words
-    (patch,) = world.kube.requests("PATCH", "/deployments/better$")
+    (patch,) = world.proxy.requests("PATCH", "/deployments/better$")
     assert patch.content_type.startswith("application/json-patch+json")
     assert any(op["op"] == "test" and op["path"].endswith("/name") for op in patch.body)
     (event,) = [e for e in world.events("better") if e["reason"] == "Applied"]
     assert event["message"].startswith("raised CPU limit of app 500m → ")
     assert "policy a: 10 % of periods throttled" in event["message"]
     # the other namespace is never touched
-    assert world.kube.requests("PATCH", "/namespaces/elsewhere/") == []
+    assert world.proxy.requests("PATCH", f"/namespaces/{world.elsewhere}/") == []
 
 
 def test_a_change_that_helped_is_applied_after_verification_and_cooldown_holds(
@@ -192,21 +323,20 @@ def test_a_change_that_helped_is_applied_after_verification_and_cooldown_holds(
     world.policy("a", "a")
     world.reconcile("a")
     patched = _limit(world.deployment("better"))
-    world.roll_out(BETTER, AFTER[0])
+    world.roll_out("better", **HELPED)
     world.clock.now = T0 + 300
     assert "verifying until" in _state(world.reconcile("a"), "better")[1]
     world.clock.now = T0 + 25 * 60  # verifyFor (15m) after the rollout was seen done
     state, message = _state(world.reconcile("a"), "better")
     assert state == "Applied" and re.search(r"app 10 % → [01] % of periods throttled", message)
-    record = Record.from_annotation(world.deployment("better")["metadata"]["annotations"][
-        RECORD_ANNOTATION])  # fmt: skip
+    record = _record(world.deployment("better"))
     assert record.verdict == "Applied" and record.ratio_after["app"] < 0.02
     # within the cooldown nothing is patched again, whatever is recommended
-    world.kube.clear_requests()
+    world.proxy.clear_requests()
     world.clock.now = T0 + 28 * 60
     state, message = _state(world.reconcile("a"), "better")
     assert state == "Applied" and "cooldown until" in message
-    assert world.kube.requests("PATCH", "/deployments/") == []
+    assert world.proxy.requests("PATCH", "/deployments/") == []
     assert _limit(world.deployment("better")) == patched
 
 
@@ -214,52 +344,104 @@ def test_a_regression_after_verification_is_rolled_back_to_the_recorded_values(
     world: World,
 ) -> None:
     original = world.deployment("worse")
+    first = _hash(world.kube.replicaset_of(original))
     world.policy("b", "b")
     world.reconcile("b")
     assert _limit(world.deployment("worse")) > 500
-    world.roll_out(WORSE, AFTER[1])
+    world.roll_out("worse", **HURT)
     world.clock.now = T0 + 300
     world.reconcile("b")
     world.clock.now = T0 + 25 * 60
     state, message = _state(world.reconcile("b"), "worse")
-    assert state == "RolledBack" and "got worse" in message
+    assert state == "RolledBack" and "got worse" in message, message
     rolled = world.deployment("worse")
     assert _limit(rolled) == 500
     assert rolled["spec"]["template"] == original["spec"]["template"]  # byte for byte
-    record = Record.from_annotation(rolled["metadata"]["annotations"][RECORD_ANNOTATION])
+    record = _record(rolled)
     assert record.verdict == "RolledBack"
     assert any(
         e["reason"] == "RolledBack" and e["type"] == "Warning" for e in world.events("worse")
     )
+    # the real controller goes back to the original ReplicaSet
+    assert _hash(world.kube.replicaset_of(world.kube.rolled_out(world.stage, "worse"))) == first
     # not tried again until the policy or the Deployment changes
-    world.kube.clear_requests()
+    world.proxy.clear_requests()
     world.clock.now = T0 + 90 * 60
     assert _state(world.reconcile("b"), "worse")[0] == "RolledBack"
-    assert world.kube.requests("PATCH", "/deployments/") == []
+    assert world.proxy.requests("PATCH", "/deployments/") == []
+
+
+def test_a_pod_replaced_during_the_reconcile_does_not_hold_the_rollback_back(
+    world: World,
+) -> None:
+    # The Deployment controller writes the status whenever a pod comes or goes, and every
+    # write moves the resourceVersion that guards unthrottle's patches. A pod replaced
+    # between the reconcile's read of the Deployments and its verdict (the metrics queries
+    # lie between) changes nothing of the Deployment's own: the rollback happens then.
+    class PodReplacedMeanwhile(KubeDeployments):
+        def vpas(self, namespace: str) -> list[dict[str, Any]] | None:
+            found = world.deployment("worse")
+            (pod, *_) = world.kube.pods_of(world.kube.replicaset_of(found))
+            world.kube.delete("v1/pods", world.stage, pod["metadata"]["name"])
+            world.kube.until("the controller's status write", lambda: world.deployment("worse"),
+                             lambda d: d["metadata"]["resourceVersion"] != (
+                                 found["metadata"]["resourceVersion"]))  # fmt: skip
+            return super().vpas(namespace)
+
+    original = world.deployment("worse")
+    world.policy("b", "b")
+    world.reconcile("b")
+    world.roll_out("worse", **HURT)
+    world.clock.now = T0 + 300
+    world.reconcile("b")
+    world.kube.rolled_out(world.stage, "worse")  # the record's rewrite seen by the controller
+    assert world.reconciler.applier is not None
+    world.reconciler.applier.deployments = PodReplacedMeanwhile(world.api)
+    world.clock.now = T0 + 25 * 60
+    state, message = _state(world.reconcile("b"), "worse")
+    assert state == "RolledBack", message
+    assert world.deployment("worse")["spec"]["template"] == original["spec"]["template"]
 
 
 def test_a_failed_rollout_is_rolled_back(world: World) -> None:
+    # The namespace caps each container's CPU limit at 500m (a LimitRange), with a progress
+    # deadline of 2 s: the API server takes the patched template (a LimitRange checks pods,
+    # not templates), the new ReplicaSet's pods are refused at admission, and the rollout
+    # ends in ProgressDeadlineExceeded while the old pods keep serving.
+    world.kube.create("v1/limitranges", {
+        "apiVersion": "v1", "kind": "LimitRange",
+        "metadata": {"namespace": world.stage, "name": "cpu-cap"},
+        "spec": {"limits": [{"type": "Container", "max": {"cpu": "500m"}}]},
+    })  # fmt: skip
+    world.edit("fails", {"spec": {"progressDeadlineSeconds": 2}})
     original = world.deployment("fails")
+    first = world.kube.replicaset_of(original)
+    serving = {p["metadata"]["uid"] for p in world.kube.pods_of(first)}
     world.policy("c", "c")
     world.reconcile("c")
-    world.kube.fail_rollout("stage", "fails")
+    assert _limit(world.deployment("fails")) > 500
+    world.kube.until("ProgressDeadlineExceeded", lambda: world.deployment("fails"),
+                     lambda d: rollout(d) == "failed")  # fmt: skip
     world.clock.now = T0 + 600
     state, message = _state(world.reconcile("c"), "fails")
     assert state == "RolledBack" and "rollout failed" in message
     assert world.deployment("fails")["spec"]["template"] == original["spec"]["template"]
+    # the original pods served throughout, and the Deployment is whole again
+    rs = world.kube.replicaset_of(world.kube.rolled_out(world.stage, "fails"))
+    assert rs["metadata"]["uid"] == first["metadata"]["uid"]
+    assert {p["metadata"]["uid"] for p in world.kube.pods_of(rs)} == serving
 
 
 def test_at_most_max_concurrent_deployments_change_at_once(world: World) -> None:
-    for w in (WORSE, FAILS):  # three throttled Deployments under one policy
-        world.kube.patch(DEPLOYMENTS, "stage", w.name,
-                         {"metadata": {"labels": {"app.kubernetes.io/part-of": "a"}}})  # fmt: skip
+    for name in ("worse", "fails"):  # three throttled Deployments under one policy
+        world.edit(name, {"metadata": {"labels": {"app.kubernetes.io/part-of": "a"}}})
     world.policy("a", "a", apply={"maxConcurrent": 2})
     status = world.reconcile("a")
     states = sorted(_state(status, d)[0] for d in ("better", "worse", "fails"))
     assert states == ["Recommended", "Verifying", "Verifying"]
     waiting = next(w for w in status["workloads"] if w["state"] == "Recommended")
     assert "apply.maxConcurrent 2" in waiting["message"]
-    assert len(world.kube.requests("PATCH", "/deployments/")) == 2
+    assert len(world.proxy.requests("PATCH", "/deployments/")) == 2
 
 
 def test_the_step_limit_holds_for_every_patch(world: World) -> None:
@@ -282,29 +464,43 @@ def test_the_step_limit_holds_for_every_patch(world: World) -> None:
 def test_deployments_apply_must_leave_alone_are_skipped_with_a_reason(
     world: World, change: dict[str, Any], reason: str
 ) -> None:
-    world.kube.patch(DEPLOYMENTS, "stage", "better", change)
+    world.edit("better", change)
     world.policy("a", "a")
     state, message = _state(world.reconcile("a"), "better")
     assert state == "Skipped" and reason in message
-    assert world.kube.requests("PATCH", "/deployments/") == []
+    assert world.proxy.requests("PATCH", "/deployments/") == []
 
 
-def test_a_deployment_whose_limits_a_vpa_controls_is_skipped(world: World) -> None:
-    world.kube.put("autoscaling.k8s.io/v1/verticalpodautoscalers", {
+def test_a_deployment_whose_limits_a_vpa_controls_is_skipped(world: World, vpa_crd: None) -> None:
+    world.kube.create(VPAS, {
         "apiVersion": "autoscaling.k8s.io/v1", "kind": "VerticalPodAutoscaler",
-        "metadata": {"namespace": "stage", "name": "better-vpa"},
+        "metadata": {"namespace": world.stage, "name": "better-vpa"},
         "spec": {"targetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "better"},
                  "updatePolicy": {"updateMode": "Auto"}},
     })  # fmt: skip
     world.policy("a", "a")
     state, message = _state(world.reconcile("a"), "better")
     assert state == "Skipped" and "better-vpa" in message
-    assert world.kube.requests("PATCH", "/deployments/") == []
+    assert world.proxy.requests("PATCH", "/deployments/") == []
+
+
+def test_a_vpa_that_sets_requests_only_leaves_the_limits_to_apply(
+    world: World, vpa_crd: None
+) -> None:
+    world.kube.create(VPAS, {
+        "apiVersion": "autoscaling.k8s.io/v1", "kind": "VerticalPodAutoscaler",
+        "metadata": {"namespace": world.stage, "name": "better-vpa"},
+        "spec": {"targetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "better"},
+                 "updatePolicy": {"updateMode": "Auto"},
+                 "resourcePolicy": {"containerPolicies": [
+                     {"containerName": "*", "controlledValues": "RequestsOnly"}]}},
+    })  # fmt: skip
+    world.policy("a", "a")
+    assert _state(world.reconcile("a"), "better")[0] == "Verifying"
 
 
 def test_gitops_patch_overrides_the_gitops_skip(world: World) -> None:
-    world.kube.patch(DEPLOYMENTS, "stage", "better",
-                     {"metadata": {"labels": {"helm.toolkit.fluxcd.io/name": "shop"}}})  # fmt: skip
+    world.edit("better", {"metadata": {"labels": {"helm.toolkit.fluxcd.io/name": "shop"}}})
     world.policy("a", "a", apply={"gitOps": "Patch"})
     assert _state(world.reconcile("a"), "better")[0] == "Verifying"
 
@@ -316,9 +512,8 @@ def test_a_deployment_changed_between_read_and_patch_is_not_overwritten(world: W
         def get(self, namespace: str, name: str) -> dict[str, Any] | None:
             found = super().get(namespace, name)
             assert found is not None
-            edited = copy.deepcopy(found)
-            edited["spec"]["template"]["spec"]["containers"][0]["image"] = "registry.example/shop:2"
-            world.kube.put(DEPLOYMENTS, edited)
+            world.edit(name, [{"op": "replace", "path": "/spec/template/spec/containers/0/image",
+                               "value": "registry.example/shop:2"}], json_patch=True)  # fmt: skip
             return found
 
     assert world.reconciler.applier is not None
@@ -331,13 +526,37 @@ def test_a_deployment_changed_between_read_and_patch_is_not_overwritten(world: W
     assert _limit(now) == 500 and RECORD_ANNOTATION not in now["metadata"].get("annotations", {})
 
 
+@pytest.mark.parametrize(
+    ("status", "says"),
+    [(409, "changed since it was read"), (500, "the patch failed (HTTP 500")],
+    ids=["a-storm-of-conflicts", "a-run-of-server-errors"],
+)
+def test_refused_patches_are_retried_each_cycle_and_the_change_lands_once(
+    world: World, status: int, says: str
+) -> None:
+    world.policy("a", "a")
+    world.proxy.fail_next("PATCH", "/deployments/better$", status, count=3)
+    for minute in range(3):
+        world.clock.now = T0 + 60 * minute
+        state, message = _state(world.reconcile("a"), "better")
+        assert state == "Recommended" and says in message, message
+        now = world.deployment("better")  # nothing written, not even half
+        assert _limit(now) == 500 and RECORD_ANNOTATION not in now["metadata"]["annotations"]
+    world.clock.now = T0 + 180
+    assert _state(world.reconcile("a"), "better")[0] == "Verifying"
+    patched = world.deployment("better")
+    assert _record(patched).containers[0].after.cpu_limit == _limit(patched) > 500
+    assert len(world.proxy.requests("PATCH", "/deployments/better$")) == 4
+    assert len([e for e in world.events("better") if e["reason"] == "Applied"]) == 1
+
+
 def test_a_dry_run_sends_the_patch_with_dry_run_and_changes_nothing(world: World) -> None:
     before = world.deployment("better")
     world.policy("a", "a", apply={"dryRun": True})
     state, message = _state(world.reconcile("a"), "better")
     assert state == "Recommended" and message.startswith("dry run")
-    (patch,) = world.kube.requests("PATCH", "/deployments/better$")
-    assert patch.query.get("dryRun") == "All"
+    (patch,) = world.proxy.requests("PATCH", "/deployments/better$")
+    assert patch.params.get("dryRun") == "All"
     assert world.deployment("better") == before
     assert any(e["reason"] == "DryRun" for e in world.events("better"))
 
@@ -345,20 +564,22 @@ def test_a_dry_run_sends_the_patch_with_dry_run_and_changes_nothing(world: World
 def test_prometheus_away_mid_verify_gives_no_verdict_and_no_patch(world: World) -> None:
     world.policy("b", "b")
     world.reconcile("b")
-    world.roll_out(WORSE, AFTER[1])
+    world.roll_out("worse", **HURT)
     world.clock.now = T0 + 300
     world.reconcile("b")
     patched = world.deployment("worse")
     world.prom.__exit__(None, None, None)
     world.clock.now = T0 + 25 * 60
-    body = world.kube.get(POLICIES, "stage", "b")
+    body = world.kube.get(POLICIES, world.stage, "b")
     assert body is not None
-    world.kube.clear_requests()
+    world.proxy.clear_requests()
     assert world.reconciler.reconcile(body).fault == "PrometheusUnavailable"
-    assert world.kube.requests("PATCH", "/deployments/") == []
-    assert world.deployment("worse") == patched  # no verdict, no rollback
-    record = Record.from_annotation(patched["metadata"]["annotations"][RECORD_ANNOTATION])
-    assert record.verdict is None
+    assert world.proxy.requests("PATCH", "/deployments/") == []
+    now = world.deployment("worse")
+    assert now["spec"] == patched["spec"]  # no verdict, no rollback
+    assert now["metadata"]["generation"] == patched["metadata"]["generation"]
+    assert now["metadata"]["annotations"] == patched["metadata"]["annotations"]
+    assert _record(now).verdict is None
     port = world.prom.port
     world.prom.port, world.prom.url = port, f"http://127.0.0.1:{port}"
     world.prom.__enter__()
@@ -366,12 +587,11 @@ def test_prometheus_away_mid_verify_gives_no_verdict_and_no_patch(world: World) 
 
 
 def test_gomaxprocs_set_by_hand_is_kept_and_ours_is_set(world: World) -> None:
-    for w, env in ((BETTER, [{"name": "GOMAXPROCS", "value": "7"}]),
-                   (WORSE, [{"name": "GOGC", "value": "100"}])):  # fmt: skip
-        deploy = world.deployment(w.name)
-        deploy["metadata"]["labels"]["app.kubernetes.io/part-of"] = "go"
-        deploy["spec"]["template"]["spec"]["containers"][0]["env"] = env
-        world.kube.put(DEPLOYMENTS, deploy)
+    for name, env in (("better", [{"name": "GOMAXPROCS", "value": "7"}]),
+                      ("worse", [{"name": "GOGC", "value": "100"}])):  # fmt: skip
+        world.edit(name, {"metadata": {"labels": {"app.kubernetes.io/part-of": "go"}}})
+        world.edit(name, [{"op": "add", "path": "/spec/template/spec/containers/0/env",
+                           "value": env}], json_patch=True)  # fmt: skip
     world.policy("go", "go", apply={"maxConcurrent": 2})
     world.reconcile("go")
     by_hand = world.deployment("better")["spec"]["template"]["spec"]["containers"][0]["env"]
@@ -382,12 +602,115 @@ def test_gomaxprocs_set_by_hand_is_kept_and_ours_is_set(world: World) -> None:
 
 
 def test_a_koordinator_burst_annotation_is_updated_not_doubled(world: World) -> None:
-    deploy = world.deployment("better")
-    deploy["spec"]["template"]["metadata"]["annotations"] = {
-        "koordinator.sh/cpuBurst": json.dumps({"policy": "none"})}  # fmt: skip
-    world.kube.put(DEPLOYMENTS, deploy)
+    world.edit("better", [{"op": "add", "path": "/spec/template/metadata/annotations",
+                           "value": {"koordinator.sh/cpuBurst": json.dumps({"policy": "none"})}}],
+               json_patch=True)  # fmt: skip
     world.policy("a", "a", strategy="BurstPreferred")
     world.reconcile("a")
     annotations = world.deployment("better")["spec"]["template"]["metadata"]["annotations"]
     assert "unthrottle.io/cpu-burst" not in annotations
     assert json.loads(annotations["koordinator.sh/cpuBurst"])["policy"] == "auto"
+
+
+# -- what the old emulator never showed: real Deployments, scale to zero, two policies -------
+
+
+def test_apply_and_rollback_on_a_deployment_with_a_sidecar_an_init_container_and_shell_text(
+    real_world: World,
+) -> None:
+    world = real_world
+    original = world.deployment("checkout")
+    first = _hash(world.kube.replicaset_of(original))
+    world.policy("r", "r")
+    assert _state(world.reconcile("r"), "checkout")[0] == "Verifying"
+    patched = world.deployment("checkout")
+    # both throttled containers raised in one patch, each found by its name
+    limits = _limits(patched)
+    assert limits["app"] > 500 and limits["sidecar"] > 100
+    record = _record(patched)
+    assert {c.name for c in record.containers} == {"app", "sidecar"}
+    assert {c.name: c.after.cpu_limit for c in record.containers} == limits
+    # what the user wrote is as they wrote it: shell text, URLs, non-ASCII, probes, requests
+    template, was = patched["spec"]["template"], original["spec"]["template"]
+    assert template["spec"]["initContainers"] == was["spec"]["initContainers"]
+    for now, then in zip(template["spec"]["containers"], was["spec"]["containers"], strict=True):
+        for key in ("image", "command", "args", "readinessProbe", "livenessProbe"):
+            assert now[key] == then[key]
+        assert now["resources"]["requests"] == then["resources"]["requests"]
+        assert now["env"][: len(then["env"])] == then["env"]  # GOMAXPROCS may follow GOGC
+    assert template["spec"]["containers"][0]["env"][0]["value"] == URL
+    assert template["metadata"]["annotations"]["note"] == was["metadata"]["annotations"]["note"]
+    assert NON_ASCII in patched["metadata"]["annotations"]["owner"]
+    # the real controller rolls it out: the new pods run with the new limits
+    world.roll_out("checkout", app=HURT["app"], sidecar={"limit": 0.3})
+    pods = world.kube.pods_of(world.kube.replicaset_of(world.deployment("checkout")))
+    assert len(pods) == 2
+    for pod in pods:
+        assert {c["name"]: parse_cpu(c["resources"]["limits"]["cpu"])
+                for c in pod["spec"]["containers"]} == limits  # fmt: skip
+    # the app got worse: the whole change is rolled back, the template byte for byte
+    world.clock.now = T0 + 300
+    world.reconcile("r")
+    world.clock.now = T0 + 25 * 60
+    state, message = _state(world.reconcile("r"), "checkout")
+    assert state == "RolledBack" and "app 10 % → " in message
+    rolled = world.deployment("checkout")
+    assert rolled["spec"]["template"] == original["spec"]["template"]
+    assert _record(rolled).verdict == "RolledBack"
+    assert _hash(world.kube.replicaset_of(world.kube.rolled_out(world.stage, "checkout"))) == (
+        first)  # fmt: skip
+
+
+def test_a_deployment_scaled_to_zero_is_patched_and_verified_once_it_runs_again(
+    world: World,
+) -> None:
+    # throttled while it ran; scaled to zero since (its pods are gone, its history is not)
+    world.edit("better", {"spec": {"replicas": 0}})
+    world.policy("a", "a")
+    assert _state(world.reconcile("a"), "better")[0] == "Verifying"
+    patched = world.deployment("better")
+    assert _limit(patched) > 500
+    assert rollout(world.kube.rolled_out(world.stage, "better")) == "done"  # no pod to replace
+    world.clock.now = T0 + 300
+    assert "verifying until" in _state(world.reconcile("a"), "better")[1]
+    # no pod ran the new limit: no verdict, and nothing else is done to it
+    world.proxy.clear_requests()
+    world.clock.now = T0 + 25 * 60
+    state, message = _state(world.reconcile("a"), "better")
+    assert state == "Verifying" and "scaled to zero" in message, message
+    assert world.proxy.requests("PATCH", "/deployments/") == []
+    assert _record(world.deployment("better")).verdict is None
+    # scaled up again (by hand, an autoscaler): its pods' counters give the verdict
+    world.edit("better", {"spec": {"replicas": 2}})
+    world.roll_out("better", since=T0 + 30 * 60, **HELPED)
+    world.clock.now = T0 + 60 * 60
+    state, message = _state(world.reconcile("a"), "better")
+    assert state == "Applied", message
+    assert _limit(world.deployment("better")) == _limit(patched)
+
+
+def test_two_apply_policies_over_one_deployment_only_the_older_changes_it(
+    world: World,
+) -> None:
+    world.policy("a", "a")
+    time.sleep(1.1)  # a later creation time (the API keeps seconds)
+    world.policy("later", "a")
+    # the newer policy leaves it to the older one, says so, and patches nothing
+    status = world.reconcile("later")
+    state, message = _state(status, "better")
+    assert state == "Skipped" and "older policy a" in message
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "Conflict")
+    assert world.proxy.requests("PATCH", "/deployments/") == []
+    # the older one applies its change; the newer one never touches it, in verification or after
+    assert _state(world.reconcile("a"), "better")[0] == "Verifying"
+    world.roll_out("better", **HELPED)
+    for at in (300, 25 * 60):
+        world.clock.now = T0 + at
+        world.reconcile("a")
+        world.proxy.clear_requests()
+        assert _state(world.reconcile("later"), "better")[0] == "Skipped"
+        assert world.proxy.requests("PATCH", "/deployments/") == []
+    record = _record(world.deployment("better"))
+    assert (record.policy, record.verdict) == ("a", "Applied")
+    assert len([e for e in world.events("better") if e["reason"] == "Applied"]) == 1

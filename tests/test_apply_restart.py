@@ -1,29 +1,82 @@
 """The operator may die at any point: killed (SIGKILL) while its patch is in flight, or
 between a patch and its verdict, a restarted operator resumes from the Deployments'
-records. The real `unthrottle operator` (Kopf) against the emulator and a real Prometheus."""
+records. The real `unthrottle operator` (Kopf) against the real control plane, through a
+fault proxy (tests/kube_faults.py) that holds the patch in flight, and a real Prometheus.
+
+A patch in flight when the operator dies either never reaches the API server (the
+connection is lost) or reaches it after the client is gone, and a real server then
+applies it: the Deployment must show no change, or the change with its record, never a
+half. The rollout the change starts is held until the test lets it finish: the pods of
+``checkout`` may only run on a node carrying a label of this test's, taken off the node
+before the first patch (the running pods stay; the new ones wait, as for a full cluster)
+and put back for the rollout to complete."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from kube_emulator import KubeEmulator
+from kube import Kube, fresh_name
+from kube_faults import FaultProxy
 from operator_proc import OperatorProcess
 from prom import PrometheusServer, requires_prometheus
-from shop import Workload, objects, openmetrics
+from shop import Workload, deployment, openmetrics
 from unthrottle.cfs.settings import parse_cpu
+from unthrottle.devtools.kube import ControlPlane
 from unthrottle.kube.patching import RECORD_ANNOTATION, Record
 
 pytestmark = requires_prometheus
 POLICIES = "unthrottle.io/v1alpha1/throttlepolicies"
+DEPLOYMENTS = "apps/v1/deployments"
 APP = Workload("stage", "checkout", 0.1, 0.10, 1.2, 0.5, 2, {"tier": "web"})
+NODE = "kwok-node-0"
+IN_FLIGHT_S = 3.0
+"""How long the proxy holds the first patch: the operator is killed meanwhile."""
 
 
-def _wait(check: Any, what: str, operator: OperatorProcess, timeout: float = 40) -> Any:
+def _label_node(kube: Kube, key: str, value: str | None) -> None:
+    """Put a label on the node (None: take it off)."""
+    kube.patch("v1/nodes", None, NODE, {"metadata": {"labels": {key: value}}})
+
+
+@dataclass
+class World:
+    kube: Kube
+    proxy: FaultProxy
+    prom: PrometheusServer
+    kubeconfig: Path
+    """The operator's: through the proxy."""
+    namespace: str
+    hold: str
+    """The node label the Deployment's pods need (``hold=ready``)."""
+
+    def deployment(self) -> dict[str, Any]:
+        found = self.kube.get(DEPLOYMENTS, self.namespace, "checkout")
+        assert found is not None
+        return found
+
+    def status(self) -> dict[str, Any]:
+        return (self.kube.get(POLICIES, self.namespace, "web") or {}).get("status") or {}
+
+    def let_pods_run(self) -> None:
+        _label_node(self.kube, self.hold, "ready")
+
+    def operator(self, log: Path) -> OperatorProcess:
+        return OperatorProcess(self.kubeconfig, self.prom.url, log, "--namespace", self.namespace)
+
+    def limit_patches(self) -> int:
+        """JSON Patches to the Deployment that change its CPU limit, seen by the proxy."""
+        return sum(1 for r in self.proxy.requests("PATCH", "/deployments/checkout$")
+                   if any("/resources" in op.get("path", "") and op["op"] != "test"
+                          for op in r.body or []))  # fmt: skip
+
+
+def _wait(check: Any, what: str, operator: OperatorProcess, timeout: float = 60) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = check()
@@ -40,78 +93,103 @@ def _settings(deploy: dict[str, Any]) -> tuple[int, str | None]:
     return parse_cpu(container["resources"]["limits"]["cpu"]), burst
 
 
-def _limit_patches(kube: KubeEmulator) -> int:
-    """JSON Patches to the Deployment that change its CPU limit."""
-    return sum(1 for r in kube.requests("PATCH", "/deployments/checkout$")
-               if any("/resources" in op.get("path", "") and op["op"] != "test"
-                      for op in r.body or []))  # fmt: skip
+def _record(deploy: dict[str, Any]) -> Record | None:
+    text = (deploy["metadata"].get("annotations") or {}).get(RECORD_ANNOTATION)
+    return None if text is None else Record.from_annotation(text)
 
 
 @pytest.fixture
-def world(tmp_path: Path) -> Iterator[tuple[KubeEmulator, PrometheusServer, Path]]:
-    end = int(time.time()) // 60 * 60
-    with (
-        KubeEmulator() as kube,
-        PrometheusServer(tmp_path, openmetrics=openmetrics([APP], end, span=2 * 3600)) as prom,
-    ):
-        for resource, obj in objects(APP):
-            kube.put(resource, obj)
-        yield kube, prom, kube.kubeconfig(tmp_path / "kubeconfig")
+def world(tmp_path: Path, control_plane: ControlPlane,
+          throttlepolicy_crd: None) -> Iterator[World]:  # fmt: skip
+    kube = Kube(control_plane)
+    namespace = fresh_name("stage")
+    hold = f"test.unthrottle.io/{namespace}"
+    kube.create_namespace(namespace)
+    _label_node(kube, hold, "ready")
+    try:
+        body = deployment(replace(APP, namespace=namespace))
+        body["spec"]["template"]["spec"]["nodeSelector"] = {hold: "ready"}
+        kube.create(DEPLOYMENTS, body)
+        rs = kube.replicaset_of(kube.rolled_out(namespace, "checkout"))
+        placed = replace(APP, namespace=namespace,
+                         template_hash=rs["metadata"]["labels"]["pod-template-hash"])  # fmt: skip
+        end = int(time.time()) // 60 * 60
+        history = openmetrics([placed], end, span=2 * 3600)
+        with FaultProxy(kube) as proxy, PrometheusServer(tmp_path, openmetrics=history) as prom:
+            _label_node(kube, hold, None)  # from now on, new pods wait for a node
+            yield World(kube, proxy, prom, proxy.kubeconfig(tmp_path / "kubeconfig"),
+                        namespace, hold)  # fmt: skip
+    finally:
+        _label_node(kube, hold, None)
+        # Kopf's finalizer would keep the policy, and the namespace, with no operator running
+        for policy in kube.list(POLICIES, namespace):
+            kube.patch(POLICIES, namespace, policy["metadata"]["name"],
+                       {"metadata": {"finalizers": None}})  # fmt: skip
+        kube.delete("v1/namespaces", None, namespace)
 
 
+@pytest.mark.parametrize(
+    "lost",
+    [True, False],
+    ids=["the patch is lost with the connection",
+         "the server applies the patch after the operator died"],
+)  # fmt: skip
 def test_a_sigkill_mid_cycle_leaves_no_half_change_and_a_restart_resumes(
-    world: tuple[KubeEmulator, PrometheusServer, Path], tmp_path: Path
+    world: World, tmp_path: Path, lost: bool
 ) -> None:
-    kube, prom, kubeconfig = world
     log = tmp_path / "operator.log"
-    original = kube.get("apps/v1/deployments", "stage", "checkout")
-    assert original is not None
-    kube.create(POLICIES, {"apiVersion": "unthrottle.io/v1alpha1", "kind": "ThrottlePolicy",
-                           "metadata": {"namespace": "stage", "name": "web"},
-                           "spec": {"mode": "Apply", "window": "2h",
-                                    "selector": {"matchLabels": {"tier": "web"}}}})  # fmt: skip
-    # 1. the patch hangs in flight; the operator is killed before the API server answers
-    kube.fail_next("PATCH", r"/deployments/checkout$", status=None, delay=30)
-    with OperatorProcess(kubeconfig, prom.url, log) as first:
-        _wait(lambda: kube.requests("PATCH", r"/deployments/checkout$"), "a patch", first)
+    original = world.deployment()
+    spec = {"mode": "Apply", "window": "2h", "selector": {"matchLabels": {"tier": "web"}}}
+    world.kube.create(POLICIES, {"apiVersion": "unthrottle.io/v1alpha1", "kind": "ThrottlePolicy",
+                                 "metadata": {"namespace": world.namespace, "name": "web"},
+                                 "spec": spec})  # fmt: skip
+    # 1. the patch is held in flight; the operator is killed before the API server answers
+    world.proxy.fail_next("PATCH", r"/deployments/checkout$", status=None, delay=IN_FLIGHT_S,
+                          disconnect=lost)  # fmt: skip
+    with world.operator(log) as first:
+        _wait(lambda: world.proxy.requests("PATCH", r"/deployments/checkout$"), "a patch", first)
         first.kill()
-    time.sleep(0.5)
-    now = kube.get("apps/v1/deployments", "stage", "checkout")
-    assert now is not None
-    assert now["spec"] == original["spec"]  # nothing half-applied
-    assert RECORD_ANNOTATION not in (now["metadata"].get("annotations") or {})
-    # 2. restarted, it patches once: the change and its record together
-    kube.clear_requests()
-    with OperatorProcess(kubeconfig, prom.url, log) as second:
-        patched = _wait(lambda: (RECORD_ANNOTATION in ((kube.get(
-            "apps/v1/deployments", "stage", "checkout") or {}).get("metadata", {}).get(
-            "annotations") or {})) and kube.get("apps/v1/deployments", "stage", "checkout"),
-            "the change", second)  # fmt: skip
+    time.sleep(IN_FLIGHT_S + 1)  # the proxy has dropped the patch, or the server applied it
+    now = world.deployment()
+    record = _record(now)
+    if lost:  # nothing half-applied: no change at all
+        assert now["spec"] == original["spec"] and record is None
+    else:  # the whole change, with its record
+        assert record is not None and record.verdict is None
+        assert _settings(now)[0] == record.containers[0].after.cpu_limit > 500
+    # 2. restarted, it changes the Deployment once in all: the change and its record together
+    world.proxy.clear_requests()
+    with world.operator(log) as second:
+        patched = _wait(lambda: _record(world.deployment()) and world.deployment(),
+                        "the change", second)  # fmt: skip
+        if not lost:  # the record says a change is in verification: nothing to patch
+            _wait(world.status, "a status", second)
         second.kill()  # 3. killed again, between the change and its verdict
-    record = Record.from_annotation(patched["metadata"]["annotations"][RECORD_ANNOTATION])
+    record = _record(patched)
+    assert record is not None
     (change,) = record.containers
     limit, burst = _settings(patched)
     assert limit == change.after.cpu_limit > 500 and change.before.cpu_limit == 500
     assert (burst is None) == (change.after.burst_us == 0)
     assert record.verdict is None
-    assert _limit_patches(kube) == 1
+    assert world.limit_patches() == (1 if lost else 0)
     # 4. the third operator resumes the cycle from the record: in verification, no new patch
-    kube.clear_requests()
-    with OperatorProcess(kubeconfig, prom.url, log) as third:
-        status = _wait(lambda: next((w for w in ((kube.get(POLICIES, "stage", "web") or {})
-                                                 .get("status") or {}).get("workloads", [])
+    world.proxy.clear_requests()
+    with world.operator(log) as third:
+        status = _wait(lambda: next((w for w in world.status().get("workloads", [])
                                      if w["state"] == "Verifying"
                                      and "rolling out" in (w["message"] or "")), None),
                        "Verifying", third)  # fmt: skip
         assert status["deployment"] == "checkout"
         time.sleep(2)
-        assert _limit_patches(kube) == 0
+        assert world.limit_patches() == 0
         # the rollout completes: the resumed cycle goes on (the rollout is noted in the record)
-        kube.complete_rollout("stage", "checkout")
-        kube.patch(POLICIES, "stage", "web", {"spec": {"headroom": 0.11}})  # reconcile now
-        noted = _wait(lambda: Record.from_annotation((kube.get(
-            "apps/v1/deployments", "stage", "checkout") or {})["metadata"]["annotations"][
-            RECORD_ANNOTATION]).rollout_done_at, "the rollout noted", third)  # fmt: skip
+        world.let_pods_run()
+        world.kube.rolled_out(world.namespace, "checkout")
+        world.kube.patch(POLICIES, world.namespace, "web", {"spec": {"headroom": 0.11}})
+        noted = _wait(lambda: (_record(world.deployment()) or record).rollout_done_at,
+                      "the rollout noted", third)  # fmt: skip
         assert noted > record.at
-    final = kube.get("apps/v1/deployments", "stage", "checkout")
-    assert final is not None and _settings(final) == (limit, burst)
+    final = world.deployment()
+    assert _settings(final) == (limit, burst)
+    assert world.limit_patches() == 0

@@ -29,9 +29,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from unthrottle.cfs.settings import MIN_QUOTA_US, format_cpu
-from unthrottle.kube.deployments import DeploymentStore, PatchConflict
+from unthrottle.kube.deployments import DeploymentStore, PatchConflict, PatchRefused
 from unthrottle.kube.objects import ObjectStore
 from unthrottle.kube.patching import (
+    RECORD_ANNOTATION,
     ContainerChange,
     PatchPlanError,
     Record,
@@ -258,7 +259,7 @@ class Applier:
             self.deployments.json_patch(namespace, w.deployment, ops, dry_run=spec.apply.dry_run)
         except PatchConflict as error:
             return State.RECOMMENDED, f"{error}: re-read and retried on the next cycle"
-        except PatchPlanError as error:
+        except (PatchPlanError, PatchRefused) as error:
             return State.SKIPPED, str(error)
         except Exception as error:  # the API failed or timed out: nothing known to be written
             _log.warning("patch of %s/%s failed: %s", namespace, w.deployment, _short(error))
@@ -301,6 +302,9 @@ class Applier:
             item = found.get(WorkloadKey(namespace, w.deployment, c.name))
             ratio = item.throttle_ratio() if item is not None else None
             if ratio is None:
+                if (raw.get("spec") or {}).get("replicas", 1) == 0:
+                    return State.VERIFYING, ("scaled to zero: no pod has run the change yet; "
+                                             "verified once it runs again")  # fmt: skip
                 return State.VERIFYING, "no counters for the new pods yet: no verdict"
             after[c.name] = ratio
             if self._worse(c.ratio_before, ratio, item.periods if item else 0,
@@ -328,11 +332,15 @@ class Applier:
     def _rollback(self, raw: dict[str, Any], record: Record, now: float, reason: str) -> Outcome:
         meta = raw["metadata"]
         try:
-            ops, _ = rollback_patch(raw, record, now=now, reason=reason)
+            fresh = self._fresh(raw)
+            if fresh is None:
+                return State.VERIFYING, ("rollback postponed: the record changed meanwhile: "
+                                         "re-read next cycle")  # fmt: skip
+            ops, _ = rollback_patch(fresh, record, now=now, reason=reason)
             self.deployments.json_patch(meta["namespace"], meta["name"], ops)
         except PatchConflict as error:
             return State.VERIFYING, f"rollback postponed: {error}"
-        except PatchPlanError as error:
+        except (PatchPlanError, PatchRefused) as error:
             return State.SKIPPED, f"not rolled back: {error}"
         except Exception as error:  # the API failed: the record still says what to undo
             return State.VERIFYING, f"rollback postponed: the patch failed ({_short(error)})"
@@ -347,10 +355,28 @@ class Applier:
     def _rewrite(self, raw: dict[str, Any], record: Record) -> bool:
         meta = raw["metadata"]
         try:
-            self.deployments.json_patch(meta["namespace"], meta["name"], record_patch(raw, record))
+            fresh = self._fresh(raw)
+            if fresh is None:
+                return False
+            self.deployments.json_patch(meta["namespace"], meta["name"],
+                                        record_patch(fresh, record))  # fmt: skip
         except Exception:  # a conflict or a failed call: the next cycle re-reads the record
             return False
         return True
+
+    def _fresh(self, raw: dict[str, Any]) -> dict[str, Any] | None:
+        """The Deployment as it is now, if its record is still the one in ``raw`` (None:
+        gone, or the record was rewritten meanwhile). A verdict is written on this copy,
+        not on ``raw``: the patch tests the resourceVersion, which every write of the
+        Deployment controller moves (a pod that comes or goes changes the status), and
+        ``raw`` was read before the reconcile's metrics queries; on that copy a rollback
+        would wait for a reconcile in which no pod changed, which an unhealthy Deployment
+        may never have."""
+        meta = raw["metadata"]
+        fresh = self.deployments.get(meta["namespace"], meta["name"])
+        if fresh is None or _record_text(fresh) != _record_text(raw):
+            return None
+        return fresh
 
     @staticmethod
     def _describe(record: Record) -> str:
@@ -362,6 +388,10 @@ class Applier:
             self.objects.event(involved, kind, reason, message)
         except Exception as error:  # an event is worth a log line, not a failed change
             _log.warning("cannot post event %s: %s", reason, error)
+
+
+def _record_text(deployment: dict[str, Any]) -> str | None:
+    return ((deployment.get("metadata") or {}).get("annotations") or {}).get(RECORD_ANNOTATION)
 
 
 def _short(error: Exception) -> str:
