@@ -17,6 +17,11 @@ class PatchConflict(RuntimeError):
     re-read, retry next cycle."""
 
 
+class AccessDenied(RuntimeError):
+    """The operator's role lacks a permission (403). The message is the API server's, one
+    line, naming the verb and the resource: not a fault to retry."""
+
+
 class PatchRefused(RuntimeError):
     """The API server refused the patched Deployment itself (422 Invalid, or an admission
     webhook's 400/403): retrying the same change cannot help. The message is the server's."""
@@ -56,7 +61,8 @@ class DeploymentStore(Protocol):
         ...
 
     def vpas(self, namespace: str) -> list[dict[str, Any]] | None:
-        """The VerticalPodAutoscalers of a namespace; None where their CRD is not installed."""
+        """The VerticalPodAutoscalers of a namespace; None where their CRD is not installed;
+        :class:`AccessDenied` where the operator may not list them."""
         ...
 
 
@@ -121,5 +127,7 @@ class KubeDeployments:
             if error.status == 404:  # no VPA CRD on this cluster
                 self._vpa_missing = True
                 return None
+            if error.status == 403:  # authorization runs before routing: CRD or not
+                raise AccessDenied(_refusal(error)) from None
             raise
         return list(json.loads(reply.data).get("items", []))

@@ -29,7 +29,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from unthrottle.cfs.settings import MIN_QUOTA_US, format_cpu
-from unthrottle.kube.deployments import DeploymentStore, PatchConflict, PatchRefused
+from unthrottle.kube.deployments import (
+    AccessDenied,
+    DeploymentStore,
+    PatchConflict,
+    PatchRefused,
+)
 from unthrottle.kube.objects import ObjectStore
 from unthrottle.kube.patching import (
     RECORD_ANNOTATION,
@@ -153,7 +158,13 @@ class Applier:
         namespace, policy = meta["namespace"], meta["name"]
         now = self.clock()
         out: dict[str, Outcome] = {}
-        vpas = self.deployments.vpas(namespace)
+        unreadable = None  # why VPAs cannot be read: then nothing is changed
+        try:
+            vpas = self.deployments.vpas(namespace)
+        except AccessDenied as error:  # a chart without Apply: not a fault to retry
+            vpas = None
+            unreadable = ("not changed: unthrottle cannot tell whether a "
+                          f"VerticalPodAutoscaler controls its limits ({error})")  # fmt: skip
         infos = selection.deployments or {}
         records: dict[str, Record | None] = {}  # each Deployment's record, read once
         in_flight = 0
@@ -191,6 +202,9 @@ class Applier:
                     and (states.get(w.deployment) == State.UP_TO_DATE)
                 ):
                     out[w.deployment] = (State.APPLIED, f"applied: {self._summary(ours)}")
+                continue
+            if unreadable is not None:
+                out[w.deployment] = (State.SKIPPED, unreadable)
                 continue
             if not spec.apply.dry_run and in_flight >= spec.apply.max_concurrent:
                 limit = spec.apply.max_concurrent
