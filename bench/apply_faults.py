@@ -26,7 +26,6 @@ import argparse
 import json
 import logging
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -179,13 +178,7 @@ def run(seed: int, folder: Path, kube: Kube, fault: str | None = None) -> dict[s
 
 
 def install_crd(plane: ControlPlane) -> None:
-    kubectl = [str(plane.bin("kubectl")), "--kubeconfig", str(plane.kubeconfig)]
-    for args in (
-        ["apply", "-f", str(ROOT / "crds" / "throttlepolicy.yaml")],
-        ["wait", "--for=condition=Established", "--timeout=60s",
-         "crd/throttlepolicies.unthrottle.io"],
-    ):  # fmt: skip
-        subprocess.run([*kubectl, *args], check=True, capture_output=True, timeout=90)
+    plane.install_crds(ROOT / "crds" / "throttlepolicy.yaml")
 
 
 def main() -> None:

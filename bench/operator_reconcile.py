@@ -169,19 +169,13 @@ def deployment(d: int) -> dict[str, Any]:
 def start_cluster(folder: Path, deployments: int) -> tuple[ControlPlane, list[str]]:
     """A control plane holding the Deployments, once every one has its ReplicaSet and its
     pod placed on a fake node; and the ReplicaSets' names, in the Deployments' order."""
-    import subprocess
 
     plane = ControlPlane(folder / "plane", binaries=ensure_built()).start()
     started = time.monotonic()
     # room for every pod (its request is half its limit): 110 pods a fake node
     for i in range(-(-deployments // 100)):
         plane.request("POST", "/api/v1/nodes", fake_node(f"bench-{i}", cpu="1000"))
-    kubectl = [str(plane.bin("kubectl")), "--kubeconfig", str(plane.kubeconfig)]
-    subprocess.run([*kubectl, "apply", "-f", str(ROOT / "crds" / "throttlepolicy.yaml")],
-                   check=True, capture_output=True)  # fmt: skip
-    subprocess.run([*kubectl, "wait", "--for=condition=Established", "--timeout=60s",
-                    "crd/throttlepolicies.unthrottle.io"],
-                   check=True, capture_output=True)  # fmt: skip
+    plane.install_crds(ROOT / "crds" / "throttlepolicy.yaml")
     plane.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                                  "metadata": {"name": NS}})  # fmt: skip
     for d in range(deployments):

@@ -44,7 +44,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests")]
 from kube import Kube  # noqa: E402  (plain calls to the API server, and rollout waits)
 from unthrottle.cfs.settings import format_cpu, parse_cpu  # noqa: E402
-from unthrottle.devtools.kube import BuildError, ControlPlane, StartError, ensure_built  # noqa: E402
+from unthrottle.devtools.kube import (  # noqa: E402
+    BuildError,
+    ControlPlane,
+    KubectlError,
+    StartError,
+    ensure_built,
+)
 from unthrottle.devtools.processes import stop  # noqa: E402
 from unthrottle.devtools.prometheus import PrometheusServer, free_port, have_prometheus  # noqa: E402
 from unthrottle.model.burst import burst_specs, spec_for  # noqa: E402
@@ -80,14 +86,10 @@ def control_plane(folder: Path) -> Iterator[Kube]:
         print(f"  Kubernetes {plane.version} at {plane.server}: kube-apiserver, etcd, "
               f"kube-controller-manager, kube-scheduler and kwok, ready in "
               f"{plane.started_in_s:.0f} s", flush=True)  # fmt: skip
-        kubectl = [str(plane.bin("kubectl")), "--kubeconfig", str(plane.kubeconfig)]
-        for args in (["apply", "-f", str(ROOT / "crds" / "throttlepolicy.yaml")],
-                     ["wait", "--for=condition=Established", "--timeout=60s",
-                      "crd/throttlepolicies.unthrottle.io"]):  # fmt: skip
-            done = subprocess.run([*kubectl, *args], capture_output=True, text=True,
-                                  timeout=90, check=False)  # fmt: skip
-            if done.returncode != 0:
-                raise SystemExit(f"kubectl {' '.join(args)}: {done.stderr.strip()}")
+        try:
+            plane.install_crds(ROOT / "crds" / "throttlepolicy.yaml")
+        except KubectlError as error:
+            raise SystemExit(str(error)) from None
         kube = Kube(plane, NS)
         kube.create_namespace(NS)
         yield kube

@@ -134,14 +134,4 @@ def kube(control_plane: ControlPlane, request: pytest.FixtureRequest) -> Iterato
 def throttlepolicy_crd(control_plane: ControlPlane) -> None:
     """crds/throttlepolicy.yaml applied with the control plane's own kubectl, as the README
     tells users to, and Established (the server accepted its schema)."""
-    import subprocess
-
-    kubectl = [str(control_plane.bin("kubectl")), "--kubeconfig", str(control_plane.kubeconfig)]
-    for args in (
-        ["apply", "-f", str(ROOT / "crds" / "throttlepolicy.yaml")],
-        ["wait", "--for=condition=Established", "--timeout=60s",
-         "crd/throttlepolicies.unthrottle.io"],
-    ):  # fmt: skip
-        done = subprocess.run([*kubectl, *args], capture_output=True, text=True, timeout=90,
-                              check=False)  # fmt: skip
-        assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
+    control_plane.install_crds(ROOT / "crds" / "throttlepolicy.yaml")

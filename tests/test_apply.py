@@ -15,7 +15,6 @@ import contextlib
 import copy
 import json
 import re
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -226,15 +225,7 @@ def real_world(tmp_path: Path, control_plane: ControlPlane,
 @pytest.fixture(scope="session")
 def vpa_crd(control_plane: ControlPlane) -> None:
     """The VerticalPodAutoscaler CRD (tests/crds/), applied with kubectl and Established."""
-    kubectl = [str(control_plane.bin("kubectl")), "--kubeconfig", str(control_plane.kubeconfig)]
-    for args in (
-        ["apply", "-f", str(ROOT / "crds" / "verticalpodautoscaler.yaml")],
-        ["wait", "--for=condition=Established", "--timeout=60s",
-         "crd/verticalpodautoscalers.autoscaling.k8s.io"],
-    ):  # fmt: skip
-        done = subprocess.run([*kubectl, *args], capture_output=True, text=True, timeout=90,
-                              check=False)  # fmt: skip
-        assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
+    control_plane.install_crds(ROOT / "crds" / "verticalpodautoscaler.yaml")
 
 
 def _state(status: dict[str, Any], deployment: str) -> tuple[str, str]:

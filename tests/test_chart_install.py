@@ -70,10 +70,8 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
 def chart_crds(control_plane: ControlPlane) -> None:
     """The chart's crds/, applied as docs/install.md says for an upgrade, and Established
     (a release installed by Helm brings them too; these tests apply only its RBAC)."""
-    kube = Kube(control_plane)
-    kubectl(kube, "apply", "--server-side", "-f", str(CHART / "crds"))
-    kubectl(kube, "wait", "--for=condition=Established", "--timeout=60s",
-            *(f"crd/{c['metadata']['name']}" for c in _chart_crds()))  # fmt: skip
+    names = control_plane.install_crds(CHART / "crds", server_side=True)
+    assert {n.split("/")[-1] for n in names} == {c["metadata"]["name"] for c in _chart_crds()}
 
 
 def _nodes(kube: Kube) -> set[str]:

@@ -3,7 +3,6 @@ built with the real ``kubectl kustomize``: exactly the recommended fields change
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from collections.abc import Iterator
 from dataclasses import replace
@@ -18,14 +17,19 @@ from prom import requires_prometheus
 from shop import deployment
 from test_report_model import SHOP, shop_scan
 from unthrottle.cfs.settings import format_cpu
-from unthrottle.devtools.kube import ControlPlane
+from unthrottle.devtools.kube import ControlPlane, ensure_built
 from unthrottle.recommend import Recommendation, Runtime
 from unthrottle.report import Report, render_kustomize
 from unthrottle.report.model import ReportError
 from unthrottle.scan import ContainerResult, ScanResult, WorkloadResult
 
-requires_kubectl = pytest.mark.skipif(shutil.which("kubectl") is None,
-                                      reason="kubectl is not installed")  # fmt: skip
+
+def _kubectl() -> str:
+    """The control plane's kubectl (make controlplane builds it): the machine's may be
+    absent or of another release; ``kubectl kustomize`` needs no server."""
+    return str(ensure_built().path("kubectl"))
+
+
 BURST = "unthrottle.io/cpu-burst"
 Flat = dict[str, Any]
 
@@ -52,7 +56,7 @@ def _diff(before: Any, after: Any) -> dict[str, tuple[Any, Any]]:
 
 
 def _build(folder: Path) -> dict[str, Any]:
-    out = subprocess.run(["kubectl", "kustomize", str(folder)], capture_output=True, text=True,
+    out = subprocess.run([_kubectl(), "kustomize", str(folder)], capture_output=True, text=True,
                          timeout=60, check=False)  # fmt: skip
     assert out.returncode == 0, out.stderr
     return {d["metadata"]["name"]: d for d in yaml.safe_load_all(out.stdout) if d}
@@ -99,7 +103,6 @@ def shop(
 
 
 @requires_prometheus
-@requires_kubectl
 @pytest.mark.parametrize("namespaced", [True, False],
                          ids=["manifests name their namespace",
                               "the overlay sets the namespace"])  # fmt: skip
@@ -167,7 +170,6 @@ MANIFESTS = [
 Koordinator's annotation, a container the policy leaves out), and one already right."""
 
 
-@requires_kubectl
 def test_several_containers_are_matched_by_name_and_nothing_else_moves(tmp_path: Path) -> None:
     web = WorkloadResult("front", "web.v2", (
         _c("app", 500, 0, _rec(900, 30_000, gomaxprocs=1)),
@@ -189,7 +191,6 @@ def test_several_containers_are_matched_by_name_and_nothing_else_moves(tmp_path:
     }
 
 
-@requires_kubectl
 def test_a_report_with_nothing_to_change_builds_to_the_same_manifests(tmp_path: Path) -> None:
     steady = WorkloadResult("front", "steady", (_c("app", 1000, 0, _rec(1000, 0)),))
     files = render_kustomize(Report.from_scan(ScanResult(1_796_000_000, 86_400, 0.05,

@@ -6,13 +6,14 @@ same from Python (the tests' session fixture, the demo).
 """
 
 from unthrottle.devtools.kube.build import BINARIES, Binaries, BuildError, ensure_built
-from unthrottle.devtools.kube.cluster import ControlPlane, StartError, fake_node
+from unthrottle.devtools.kube.cluster import ControlPlane, KubectlError, StartError, fake_node
 
 __all__ = [
     "BINARIES",
     "Binaries",
     "BuildError",
     "ControlPlane",
+    "KubectlError",
     "StartError",
     "ensure_built",
     "fake_node",

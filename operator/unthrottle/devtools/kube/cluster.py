@@ -32,11 +32,15 @@ from unthrottle.devtools.kube.pki import Pki, make_pki
 from unthrottle.devtools.processes import stop
 from unthrottle.devtools.prometheus import free_port
 
-__all__ = ["ControlPlane", "StartError"]
+__all__ = ["ControlPlane", "KubectlError", "StartError"]
 
 SERVICE_RANGE = "10.96.0.0/16"
 SERVICE_IP = "10.96.0.1"  # the range's first address: the `kubernetes` Service
 FAKE_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
+
+
+class KubectlError(RuntimeError):
+    """kubectl failed (the message has its command and its stderr)."""
 
 
 class StartError(RuntimeError):
@@ -170,6 +174,25 @@ class ControlPlane:
                 return reply.status, _decoded(reply.read())
         except urllib.error.HTTPError as error:
             return error.code, _decoded(error.read())
+
+    def kubectl(self, *args: str, timeout_s: float = 90.0) -> str:
+        """Run this control plane's own kubectl as the admin; its stdout (KubectlError
+        with kubectl's stderr when it fails)."""
+        done = subprocess.run([str(self.bin("kubectl")), "--kubeconfig", str(self.kubeconfig),
+                               *args], capture_output=True, text=True, timeout=timeout_s,
+                              check=False)  # fmt: skip
+        if done.returncode != 0:
+            raise KubectlError(f"kubectl {' '.join(args)}: {done.stderr.strip()}")
+        return done.stdout
+
+    def install_crds(self, path: Path, *, server_side: bool = False) -> list[str]:
+        """Apply the CustomResourceDefinitions in ``path`` (a file or a folder) with kubectl,
+        as the README tells users to, and wait until each is Established (the server
+        accepted its schema); their ``crd/NAME``s."""
+        extra = ["--server-side"] if server_side else []
+        names = self.kubectl("apply", *extra, "-f", str(path), "-o", "name").split()
+        self.kubectl("wait", "--for=condition=Established", "--timeout=60s", *names)
+        return names
 
     def link_binaries(self, folder: Path) -> None:
         """Symbolic links to every binary this control plane runs (kubectl among them) in
