@@ -27,24 +27,25 @@ class PatchRefused(RuntimeError):
     webhook's 400/403): retrying the same change cannot help. The message is the server's."""
 
 
-def _causes(error: Any) -> list[dict[str, Any]]:
-    """The ``details.causes`` of an API error's Status body (none when it has no body)."""
+def _status(error: Any) -> dict[str, Any]:
+    """An API error's Status body, decoded ({} when it has none or it is not JSON)."""
     try:
         body = json.loads(error.body or "{}")
     except ValueError:
-        return []
-    return list(((body.get("details") or {}).get("causes")) or []) if isinstance(body, dict) else []
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _causes(error: Any) -> list[dict[str, Any]]:
+    """The ``details.causes`` of an API error's Status body (none when it has no body)."""
+    return list((_status(error).get("details") or {}).get("causes") or [])
 
 
 def _refusal(error: Any) -> str:
     """The API server's own words for a refused request, one line: its causes (each field
     and why), else its message."""
-    try:
-        body = json.loads(error.body or "{}")
-    except ValueError:
-        body = {}
     text = "; ".join(str(c.get("message")) for c in _causes(error) if c.get("message"))
-    message = body.get("message") if isinstance(body, dict) else None
+    message = _status(error).get("message")
     return " ".join(str(text or message or f"HTTP {error.status}").split())[:500]
 
 

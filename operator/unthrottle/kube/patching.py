@@ -129,9 +129,14 @@ class Record:
         return self.verdict is None
 
 
+def record_text(deployment: dict[str, Any]) -> str | None:
+    """The Deployment's record annotation as stored, unparsed (None: no record)."""
+    return ((deployment.get("metadata") or {}).get("annotations") or {}).get(RECORD_ANNOTATION)
+
+
 def record_of(deployment: dict[str, Any]) -> Record | None:
     """The Deployment's record, or None (RecordError when there is one we cannot read)."""
-    text = ((deployment.get("metadata") or {}).get("annotations") or {}).get(RECORD_ANNOTATION)
+    text = record_text(deployment)
     return None if text is None else Record.from_annotation(text)
 
 

@@ -37,7 +37,6 @@ from unthrottle.kube.deployments import (
 )
 from unthrottle.kube.objects import ObjectStore
 from unthrottle.kube.patching import (
-    RECORD_ANNOTATION,
     ContainerChange,
     PatchPlanError,
     Record,
@@ -47,6 +46,7 @@ from unthrottle.kube.patching import (
     plan,
     record_of,
     record_patch,
+    record_text,
     rollback_patch,
 )
 from unthrottle.metrics.evidence import WorkloadKey, fetch
@@ -388,7 +388,7 @@ class Applier:
         may never have."""
         meta = raw["metadata"]
         fresh = self.deployments.get(meta["namespace"], meta["name"])
-        if fresh is None or _record_text(fresh) != _record_text(raw):
+        if fresh is None or record_text(fresh) != record_text(raw):
             return None
         return fresh
 
@@ -402,10 +402,6 @@ class Applier:
             self.objects.event(involved, kind, reason, message)
         except Exception as error:  # an event is worth a log line, not a failed change
             _log.warning("cannot post event %s: %s", reason, error)
-
-
-def _record_text(deployment: dict[str, Any]) -> str | None:
-    return ((deployment.get("metadata") or {}).get("annotations") or {}).get(RECORD_ANNOTATION)
 
 
 def _short(error: Exception) -> str:
