@@ -136,3 +136,14 @@ def test_a_boundary_between_the_last_task_and_the_read_is_outside_the_span(
     # grid at 0, 100 µs periods: a boundary at 1,000,000 ns
     assert _within_span(delta, 0, 100_000, end, read_at).nr_periods == periods
     assert _within_span(delta, None, 100_000, end, read_at).nr_periods == 12
+
+
+def test_the_partial_periods_throttle_goes_out_with_it_when_the_counters_prove_it() -> None:
+    """Seen in CI beside a hog: 10 periods, 10 throttled, a boundary 60 µs after the end."""
+    from unthrottle.cgroups import CpuStat
+    from unthrottle.lab.runner import _within_span
+
+    every = _within_span(CpuStat(501_219, 10, 10, 498_453, 0, 0), 0, 100_000, 999_940, 1_000_100)
+    assert (every.nr_periods, every.nr_throttled) == (9, 9)
+    some = _within_span(CpuStat(501_219, 10, 4, 98_453, 0, 0), 0, 100_000, 999_940, 1_000_100)
+    assert (some.nr_periods, some.nr_throttled) == (9, 4)

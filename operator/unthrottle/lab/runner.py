@@ -184,12 +184,24 @@ def _within_span(
     boundary in that gap counts one more period (the partial one holding the
     end, which is not throttled: the work is done). It is outside the span, so
     it is taken out. The grid is known from the calibration.
+
+    The same timer counts that period's throttle, if there was one: the last
+    worker can run out of quota on its way back to user space after it replied
+    (kernels from 6.18 throttle a task there), or one CPU's worker while another
+    CPU's finishes the last task. A throttle is taken out with the period when
+    the counters prove it, i.e. when more throttles than periods would be left,
+    which the kernel never shows (it counts a throttle only at a period it
+    counts). Otherwise the one throttle stays uncertain; the throttled time past
+    the end (at most the gap, per CPU) stays in ``throttled_us`` either way.
     """
     if grid_ns is None or delta.nr_periods == 0:
         return delta
     first_after_end = grid_ns + (-(-(end - grid_ns) // period_ns)) * period_ns
     if end < first_after_end <= read_at:
-        return dataclasses.replace(delta, nr_periods=delta.nr_periods - 1)
+        periods = delta.nr_periods - 1
+        return dataclasses.replace(
+            delta, nr_periods=periods, nr_throttled=min(delta.nr_throttled, periods)
+        )
     return delta
 
 
