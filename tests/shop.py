@@ -47,6 +47,10 @@ class Workload:
     """The CFS period of each pod's node, s, in turn (the agent's gauge); empty: no gauge,
     and the kubelet's default 100 ms."""
 
+    names: tuple[str, ...] = ()
+    """Its pods' names, when they are real pods (an in-place canary's own history); empty:
+    names as the ReplicaSet controller makes them, of pods gone by now."""
+
     def period_of(self, pod: int) -> float:
         """The CFS period of the node pod number ``pod`` runs on, s."""
         return self.cfs_periods[pod % len(self.cfs_periods)] if self.cfs_periods else 0.1
@@ -57,6 +61,8 @@ class Workload:
 
     def pod_names(self) -> list[str]:
         """Names as the ReplicaSet controller makes them (``<rs>-<5 chars>``)."""
+        if self.names:
+            return list(self.names)
         return [f"{self.replicaset}-{'bcdfg'[p]}2x4k" for p in range(self.pods)]
 
     def throttled_share(self) -> float:

@@ -34,6 +34,7 @@ from unthrottle.devtools.kube import ControlPlane
 from unthrottle.kube.deployments import KubeDeployments
 from unthrottle.kube.objects import KubeObjects
 from unthrottle.kube.patching import RECORD_ANNOTATION, Record
+from unthrottle.kube.pods import KubePods
 from unthrottle.kube.workloads import KubeWorkloadStore
 from unthrottle.metrics.source import PrometheusConfig, PrometheusSource
 from unthrottle.operator.gates import rollout
@@ -114,7 +115,7 @@ class World:
             OperatorSettings(self.source.config), metrics=self.source,
             workloads=KubeWorkloadStore(client.CoreV1Api(self.api), client.AppsV1Api(self.api)),
             objects=KubeObjects(self.api), deployments=KubeDeployments(self.api),
-            clock=self.clock,
+            pods=KubePods(self.api), clock=self.clock,
         )  # fmt: skip
 
     def policy(self, name: str, part_of: str, **spec: Any) -> None:

@@ -44,6 +44,34 @@ def test_lowering_the_quota_under_the_burst_in_force_still_works(cgroup: Cgroup)
     assert cgroup.read_bandwidth() == Bandwidth(10_000, 100_000, 5_000)
 
 
+def test_a_quota_under_the_burst_in_force_is_refused_and_changes_nothing(cgroup: Cgroup) -> None:
+    """What an in-place resize meets: the kubelet writes only the quota, and this kernel
+    refuses one under the burst the agent wrote (EINVAL); the settings stay as they were."""
+    if not cgroup.supports_burst():
+        pytest.skip("this kernel has no CPU burst (Linux 5.14+)")
+    cgroup.write_bandwidth(Bandwidth(80_000, 100_000, 60_000))
+    with pytest.raises(CgroupError, match="EINVAL"):
+        cgroup.write_quota(40_000)
+    assert cgroup.read_bandwidth() == Bandwidth(80_000, 100_000, 60_000)
+
+
+def test_a_quota_write_keeps_the_burst_so_burst_first_then_quota_lowers_both(
+    cgroup: Cgroup,
+) -> None:
+    """The order unthrottle's InPlace uses: lower the burst, then the quota; raise the quota,
+    then the burst. Each write leaves the other setting as it was."""
+    if not cgroup.supports_burst():
+        pytest.skip("this kernel has no CPU burst (Linux 5.14+)")
+    cgroup.write_bandwidth(Bandwidth(80_000, 100_000, 60_000))
+    cgroup.write_burst(20_000)
+    cgroup.write_quota(40_000)
+    assert cgroup.read_bandwidth() == Bandwidth(40_000, 100_000, 20_000)
+    cgroup.write_quota(90_000)
+    assert cgroup.read_bandwidth() == Bandwidth(90_000, 100_000, 20_000)
+    cgroup.write_burst(70_000)
+    assert cgroup.read_bandwidth() == Bandwidth(90_000, 100_000, 70_000)
+
+
 def test_a_busy_process_under_a_small_quota_is_throttled_and_counted(cgroup: Cgroup) -> None:
     cgroup.write_bandwidth(Bandwidth(4_000, 20_000))  # 0.2 CPU, 20 ms periods
     child = busy_child(0.4)

@@ -493,8 +493,10 @@ def test_the_rbac_grants_no_secrets_no_wildcards_and_no_cluster_wide_write_if_na
     assert [(b["metadata"]["namespace"], b["roleRef"]["name"]) for b in bindings] == [
         ("shop", "unthrottle-operator")
     ]
-    # Cluster-wide, the only write to objects that are not the operator's own is Apply's.
-    foreign = {("apps", "deployments", "patch")}
+    # Cluster-wide, the only writes to objects that are not the operator's own are Apply's:
+    # Deployments (Rollout), and running pods' resize and burst annotation (InPlace).
+    foreign = {("apps", "deployments", "patch"), ("", "pods/resize", "patch"),
+               ("", "pods", "patch")}  # fmt: skip
     own = {"throttlepolicies", "throttlepolicies/status", "events", "configmaps",
            "clusterkopfpeerings", "kopfpeerings"}  # fmt: skip
     for values, allowed in (({}, set()), (CONFIGURATIONS["apply-mode"], foreign)):

@@ -269,7 +269,9 @@ class ChartRbac:
         line included), with this test's Prometheus, listening addresses and log format."""
         deployment = next(o for o in self.objects if o["kind"] == "Deployment")
         (c,) = deployment["spec"]["template"]["spec"]["containers"]
-        ours = ("--prometheus=", "--liveness=", "--metrics=", "--log-format=")
+        # the webhook's flags too: its certificate is the chart's Secret, mounted in-cluster
+        ours = ("--prometheus=", "--liveness=", "--metrics=", "--log-format=", "--webhook=",
+                "--webhook-tls-dir=")  # fmt: skip
         args = [a for a in c["args"] if not a.startswith(ours)]
         args += [f"--prometheus={prometheus}", f"--liveness=127.0.0.1:{free_port()}",
                  f"--metrics=127.0.0.1:{free_port()}", "--log-format=text"]  # fmt: skip

@@ -45,6 +45,7 @@ ISSUE_DEFAULTS = {
         "maxConcurrent": 1,
         "dryRun": False,
         "gitOps": "Skip",
+        "method": "Rollout",
     },
     "interval": "5m",
 }
@@ -471,4 +472,5 @@ def test_the_reference_lists_every_spec_field_with_its_default() -> None:
     assert rows["window"] == '`"24h"`' and rows["limits.max"] == '`"8"`'
     assert rows["apply.gitOps"] == '`"Skip"`' and rows["targetThrottleRatio"] == "`0.05`"
     assert "selector.matchExpressions[].operator" in rows
-    assert len(rows) == 29
+    assert rows["apply.method"] == '`"Rollout"`'
+    assert len(rows) == 30

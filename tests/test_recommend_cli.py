@@ -281,6 +281,7 @@ def test_cluster_mode_takes_deployments_and_gomaxprocs_from_the_api(
     rec = api["recommendation"]
     assert rec["gomaxprocs"] == max(2, -(-rec["limit_millicores"] // 1000))
     assert any("keep the explicit value in step" in r for r in rec["reasons"])
+    assert any("turns off Go ≥ 1.25's own sizing" in r for r in rec["reasons"])
     fresh = next(w for w in doc["workloads"] if w["deployment"] == "fresh")["containers"][0]
     assert fresh["evidence"] == "none" and fresh["recommendation"] is None
 

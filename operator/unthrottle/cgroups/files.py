@@ -206,6 +206,16 @@ class Cgroup:
         if bandwidth.burst_us:
             _write(self.burst_file, str(bandwidth.burst_us))
 
+    def write_quota(self, quota_us: int | None) -> None:
+        """Set only the quota (None: no limit), as the kubelet does when a pod is resized:
+        the period and the burst stay. The kernel refuses a quota under the burst in force
+        (EINVAL, named in the error): lower the burst first (:mod:`unthrottle.kube.inplace`).
+        """
+        if self.layout.version is Version.V2:
+            _write(self.cpu_dir / "cpu.max", "max" if quota_us is None else str(quota_us))
+        else:
+            _write(self.cpu_dir / "cpu.cfs_quota_us", "-1" if quota_us is None else str(quota_us))
+
     def write_burst(self, burst_us: int) -> None:
         """Set only the burst, leaving quota and period to their owner (the kubelet).
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import ssl
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -28,6 +30,26 @@ def _host_port(option: str, value: str) -> tuple[str, int]:
     if not sep or not port.isascii() or not port.isdigit() or not 0 < int(port) < 65536:
         raise fail(f"{option}: {value!r} is not HOST:PORT (e.g. 0.0.0.0:8080)", 2)
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _tls_dir(webhook: str | None, tls_dir: Path | None) -> Path | None:
+    """The certificate folder of ``--webhook``, checked now: both files there, and the key
+    the certificate's (a pod that cannot serve its webhook should say so at start)."""
+    if (webhook is None) != (tls_dir is None):
+        raise fail("--webhook and --webhook-tls-dir: give both or neither", 2)
+    if tls_dir is None:
+        return None
+    cert, key = tls_dir / "tls.crt", tls_dir / "tls.key"
+    for path in (cert, key):
+        if not path.is_file():
+            raise fail(f"--webhook-tls-dir: {path} is not a file (a kubernetes.io/tls "
+                       "Secret mounted there has tls.crt and tls.key)", 2)  # fmt: skip
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as error:
+        raise fail(f"--webhook-tls-dir: {cert} and {key} are not a certificate and its key "
+                   f"({error})", 2) from None  # fmt: skip
+    return tls_dir
 
 
 def operator_command(
@@ -64,6 +86,19 @@ def operator_command(
         str | None,
         typer.Option(help="json or text [default: text on a terminal, json otherwise]."),
     ] = None,
+    webhook: Annotated[
+        str | None,
+        typer.Option(
+            help="HOST:PORT for the admission webhook (HTTPS) that gives new pods of an "
+            "InPlace change's ReplicaSet the applied CPU limits [default: no webhook].",
+        ),
+    ] = None,
+    webhook_tls_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Folder with tls.crt and tls.key for --webhook (re-read when they change).",
+        ),
+    ] = None,
     status_max_workloads: Annotated[
         int, typer.Option(help="Deployments kept in a policy's status (most harmful first).")
     ] = 100,
@@ -86,7 +121,7 @@ def operator_command(
     ] = "100ms",
 ) -> None:
     """Run the operator: keep a recommendation per Deployment in each ThrottlePolicy's status."""
-    from unthrottle.operator.runner import RunOptions, run
+    from unthrottle.operator.runner import RunOptions, WebhookOptions, run
     from unthrottle.operator.settings import OperatorSettings
 
     if namespace and all_namespaces:
@@ -104,6 +139,11 @@ def operator_command(
         host, port = _host_port("--liveness", liveness)
         live = f"http://{host}:{port}/healthz"
     served = _host_port("--metrics", metrics) if metrics is not None else None
+    tls = _tls_dir(webhook, webhook_tls_dir)
+    hook = None
+    if webhook is not None and tls is not None:
+        addr, port = _host_port("--webhook", webhook)
+        hook = WebhookOptions(addr=addr, port=port, tls_dir=tls)
     config = prometheus_config(
         prometheus, bearer_token=bearer_token, bearer_token_file=bearer_token_file,
         basic_auth=basic_auth, ca_bundle=ca_bundle, insecure=insecure, header=header,
@@ -118,5 +158,5 @@ def operator_command(
     )
     json_logs = (log_format or ("text" if sys.stderr.isatty() else "json")) == "json"
     run(settings, RunOptions(liveness=live, metrics=served, peering=peering,
-                             priority=priority, log_json=json_logs,
+                             priority=priority, log_json=json_logs, webhook=hook,
                              debug=os.environ.get("UNTHROTTLE_DEBUG") == "1"))  # fmt: skip

@@ -101,6 +101,25 @@ class Record:
     verdict_at: float | None = None
     verdict_reason: str | None = None
     ratio_after: dict[str, float | None] = field(default_factory=dict)
+    method: str = "Rollout"
+    """``Rollout`` (the pod template was patched) or ``InPlace`` (the running pods are
+    resized through their ``resize`` subresource; the template is left as it was)."""
+    replicaset: str | None = None
+    """InPlace: the ReplicaSet whose pods are resized (and whose new pods the admission
+    webhook gives the applied settings); a later rollout's ReplicaSet is left alone."""
+    canary: str | None = None
+    """InPlace: the pod resized first and verified alone."""
+    canary_done_at: float | None = None
+    """InPlace: when the kubelet reported the canary's resize done (verification starts)."""
+    canary_verified_at: float | None = None
+    """InPlace: when the canary passed; from then on the rest are resized, and new pods of
+    ``replicaset`` get the applied settings at admission."""
+    resized: tuple[str, ...] = ()
+    """InPlace: the pods whose resize was sent (a rollback resizes these back)."""
+    undo: str | None = None
+    """InPlace: why the resized pods are being resized back (a rollback in progress: it
+    takes a step per pod, so it is recorded before the first; the verdict RolledBack
+    follows when every pod is back)."""
 
     def to_annotation(self) -> str:
         body = asdict(self)
@@ -119,6 +138,7 @@ class Record:
                 )
                 for c in body.pop("containers")
             )
+            body["resized"] = tuple(body.get("resized") or ())
             return Record(containers=changes, **body)
         except RecordError:
             raise
@@ -127,6 +147,17 @@ class Record:
 
     def in_verification(self) -> bool:
         return self.verdict is None
+
+    @property
+    def in_place(self) -> bool:
+        return self.method == "InPlace"
+
+    def admits(self, replicaset: str) -> bool:
+        """New pods of ``replicaset`` get this record's settings at admission: an InPlace
+        change past its canary, not rolled back, on that ReplicaSet."""
+        return (self.in_place and self.replicaset == replicaset
+                and self.canary_verified_at is not None and self.undo is None
+                and self.verdict in (None, "Applied"))  # fmt: skip
 
 
 def record_text(deployment: dict[str, Any]) -> str | None:

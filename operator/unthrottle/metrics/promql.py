@@ -86,6 +86,22 @@ def counter_queries(namespaces: Iterable[str], window_s: int) -> dict[str, str]:
     return _counters((namespaces_matcher(namespaces), *CONTAINERS), duration(window_s))
 
 
+def pod_counter_queries(namespace: str, pod: str, window_s: int) -> dict[str, str]:
+    """:func:`counter_queries` for one pod's containers (an in-place canary's own counters)."""
+    matchers = (equals("namespace", namespace), equals("pod", pod), *CONTAINERS)
+    return _counters(matchers, duration(window_s))
+
+
+BURST_GAUGE = "unthrottle_cpu_cfs_burst_seconds"
+"""The agent's gauge of the burst it reads back from each container's cgroup."""
+
+
+def pod_burst_query(namespace: str, pod: str) -> str:
+    """The burst each container of one pod has in its cgroup now, seconds (agent's gauge)."""
+    matchers = (equals("namespace", namespace), equals("pod", pod), *CONTAINERS)
+    return f"max by (container) ({selector(BURST_GAUGE, *matchers)})"
+
+
 def _counters(matchers: tuple[str, ...], window: str) -> dict[str, str]:
     def increase(metric: str) -> str:
         return f"sum by ({BY_CONTAINER}) (increase({selector(metric, *matchers)}[{window}]))"

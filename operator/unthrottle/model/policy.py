@@ -367,6 +367,14 @@ class ApplySpec(_Spec):
         description="Deployments managed by GitOps (Argo CD, Flux): Skip leaves them alone; "
         "Patch changes them anyway.",
     )
+    method: Literal["Rollout", "InPlace", "InPlaceOrRollout"] = Field(
+        "Rollout",
+        description="Rollout: patch the Deployment's pod template (every pod restarts). "
+        "InPlace: resize the running pods through their resize subresource (Kubernetes 1.33+), "
+        "one canary pod first, verified, then the rest, maxConcurrent pods at a time; no pod "
+        "restarts. InPlaceOrRollout: InPlace, and a rollout where a pod cannot be resized "
+        "(Infeasible, refused, or no resize subresource).",
+    )
 
     @property
     def cooldown_s(self) -> int:

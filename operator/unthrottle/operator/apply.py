@@ -35,6 +35,7 @@ from unthrottle.kube.deployments import (
     PatchConflict,
     PatchRefused,
 )
+from unthrottle.kube.inplace import InPlaceError, resize_body, targets
 from unthrottle.kube.objects import ObjectStore
 from unthrottle.kube.patching import (
     ContainerChange,
@@ -49,10 +50,12 @@ from unthrottle.kube.patching import (
     record_text,
     rollback_patch,
 )
+from unthrottle.kube.pods import NoResizeSubresource, PodStore, running
 from unthrottle.metrics.evidence import WorkloadKey, fetch
 from unthrottle.metrics.source import MetricsError, MetricsSource
 from unthrottle.model.policy import ThrottlePolicySpec
 from unthrottle.operator.gates import rollout, skip_reason
+from unthrottle.operator.inplace import InPlace
 from unthrottle.operator.status import State
 from unthrottle.recommend.estimators import quota_of
 from unthrottle.scan import ContainerResult, ScanResult, Selection, WorkloadResult
@@ -143,12 +146,16 @@ class Applier:
 
     def __init__(self, *, deployments: DeploymentStore, objects: ObjectStore,
                  metrics: MetricsSource, clock: Callable[[], float],
-                 verify: VerifySettings | None = None) -> None:  # fmt: skip
+                 verify: VerifySettings | None = None,
+                 pods: PodStore | None = None) -> None:  # fmt: skip
         self.deployments = deployments
         self.objects = objects
         self.metrics = metrics
         self.clock = clock
         self.verify = verify or VerifySettings()
+        self.inplace = None if pods is None else InPlace(
+            deployments=deployments, pods=pods, metrics=metrics, event=self._event,
+            worse=self._worse)  # fmt: skip
 
     def run(self, body: dict[str, Any], spec: ThrottlePolicySpec, selection: Selection,
             result: ScanResult, states: dict[str, State],
@@ -178,7 +185,11 @@ class Applier:
                 out[w.deployment] = (State.SKIPPED, f"{error}: fix or remove the annotation")
                 continue
             if record is not None and record.policy == policy and record.in_verification():
-                outcome = self._verify(body, spec, selection, info.raw, record, w, now)
+                if record.in_place and self.inplace is not None:
+                    outcome = self.inplace.step(spec, info.raw, record, now,
+                                                self._fallback(body, spec, w, now))  # fmt: skip
+                else:
+                    outcome = self._verify(body, spec, selection, info.raw, record, w, now)
                 out[w.deployment] = outcome
                 in_flight += outcome[0] == State.VERIFYING
         for w in result.workloads:  # most harmful first
@@ -255,8 +266,7 @@ class Applier:
 
     def _change(self, body: dict[str, Any], spec: ThrottlePolicySpec, w: WorkloadResult,
                 listed: dict[str, Any], now: float) -> Outcome:  # fmt: skip
-        meta = body["metadata"]
-        namespace, policy = meta["namespace"], meta["name"]
+        namespace = body["metadata"]["namespace"]
         raw = self.deployments.get(namespace, w.deployment) or listed  # fresh: smaller races
         try:
             previous = record_of(raw)
@@ -265,25 +275,111 @@ class Applier:
         changes = changes_for(w, raw, spec, previous)
         if not changes:
             return State.UP_TO_DATE, None
+        if spec.apply.method != "Rollout":
+            if self.inplace is None:
+                return State.SKIPPED, ("apply.method " + spec.apply.method + ": this operator "
+                                       "was started without access to pods")  # fmt: skip
+            return self._change_in_place(body, spec, w, raw, changes, now)
+        return self._rollout(body, spec, raw, changes, now)
+
+    def _rollout(self, body: dict[str, Any], spec: ThrottlePolicySpec, raw: dict[str, Any],
+                 changes: list[ContainerChange], now: float,
+                 note: str = "") -> Outcome:  # fmt: skip
+        meta = body["metadata"]
+        namespace, policy = meta["namespace"], meta["name"]
+        deployment = raw["metadata"]["name"]
         record = plan(raw, changes, policy=policy, policy_uid=str(meta.get("uid")),
                       policy_generation=int(meta.get("generation") or 0), now=now)  # fmt: skip
         text = "; ".join(describe(c, policy) for c in changes)
         try:
             ops = apply_patch(raw, record)
-            self.deployments.json_patch(namespace, w.deployment, ops, dry_run=spec.apply.dry_run)
+            self.deployments.json_patch(namespace, deployment, ops, dry_run=spec.apply.dry_run)
         except PatchConflict as error:
             return State.RECOMMENDED, f"{error}: re-read and retried on the next cycle"
         except (PatchPlanError, PatchRefused) as error:
             return State.SKIPPED, str(error)
         except Exception as error:  # the API failed or timed out: nothing known to be written
-            _log.warning("patch of %s/%s failed: %s", namespace, w.deployment, _short(error))
+            _log.warning("patch of %s/%s failed: %s", namespace, deployment, _short(error))
             return State.RECOMMENDED, (f"the patch failed ({_short(error)}): retried on the "
                                        "next cycle, from the Deployment's record")  # fmt: skip
         if spec.apply.dry_run:
             self._event(raw, "Normal", "DryRun", f"dry run, nothing changed: would have {text}")
             return State.RECOMMENDED, f"dry run (the API server accepted it): would have {text}"
-        self._event(raw, "Normal", "Applied", text)
-        return State.VERIFYING, f"changed: {text}; waiting for the rollout"
+        self._event(raw, "Normal", "Applied", text + note)
+        return State.VERIFYING, f"changed: {text}{note}; waiting for the rollout"
+
+    # -- in place ----------------------------------------------------------------------
+
+    def _change_in_place(self, body: dict[str, Any], spec: ThrottlePolicySpec,
+                         w: WorkloadResult, raw: dict[str, Any],
+                         changes: list[ContainerChange], now: float) -> Outcome:  # fmt: skip
+        assert self.inplace is not None
+        meta = body["metadata"]
+        namespace, policy = meta["namespace"], meta["name"]
+        if rollout(raw) != "done":
+            return State.RECOMMENDED, ("waiting: the Deployment is rolling out; its pods are "
+                                       "resized in place once it is done")  # fmt: skip
+        current, pods = self.inplace.pods.current(raw)
+        live = sorted(p["metadata"]["name"] for p in pods if running(p))
+        if current is None or not live:
+            return State.RECOMMENDED, "no running pod to resize in place (scaled to zero?)"
+        kept, note = [], ""
+        for change in changes:  # an env var: only a rollout changes it
+            c = change
+            if c.after.gomaxprocs != c.before.gomaxprocs:
+                note += (f"; GOMAXPROCS {c.after.gomaxprocs} for {c.name} applies at the next "
+                         "rollout (an env var, which a resize cannot change)")  # fmt: skip
+                c = replace(c, after=replace(c.after, gomaxprocs=c.before.gomaxprocs))
+            if c.after != c.before:
+                kept.append(c)
+        if not kept:
+            return State.UP_TO_DATE, note[2:] or None
+        record = replace(
+            plan(raw, kept, policy=policy, policy_uid=str(meta.get("uid")),
+                 policy_generation=int(meta.get("generation") or 0), now=now),
+            method="InPlace", replicaset=current, canary=live[0], resized=(live[0],),
+        )  # fmt: skip
+        text = "; ".join(describe(c, policy) for c in kept)
+        if spec.apply.dry_run:
+            try:
+                pod = self.inplace.pods.get(namespace, live[0])
+                body_ = None if pod is None else resize_body(pod, targets(pod, record))
+                if body_ is not None:
+                    self.inplace.pods.resize(namespace, live[0], body_, dry_run=True)
+            except (PatchRefused, NoResizeSubresource, InPlaceError) as error:
+                return State.SKIPPED, f"dry run: in-place resize refused: {error}"
+            self._event(raw, "Normal", "DryRun", f"dry run, nothing changed: would have resized "
+                        f"pod {live[0]} in place first: {text}")  # fmt: skip
+            return State.RECOMMENDED, (f"dry run (the API server accepted the resize): would "
+                                       f"have resized pod {live[0]} in place first: "
+                                       f"{text}{note}")  # fmt: skip
+        written = self.inplace.write(raw, record, first=True)
+        if written is None:
+            return State.RECOMMENDED, "the Deployment changed while read: retried next cycle"
+        self._event(raw, "Normal", "Applied", f"resizing in place, canary pod {live[0]} first: "
+                    f"{text}{note}")  # fmt: skip
+        return self.inplace.step(spec, written, record, now, self._fallback(body, spec, w, now))
+
+    def _fallback(self, body: dict[str, Any], spec: ThrottlePolicySpec, w: WorkloadResult,
+                  now: float) -> Callable[[str], Outcome]:  # fmt: skip
+        """InPlaceOrRollout: the same change as a rollout, once a pod cannot be resized."""
+        namespace = body["metadata"]["namespace"]
+
+        def rollout_instead(reason: str) -> Outcome:
+            raw = self.deployments.get(namespace, w.deployment)
+            if raw is None:
+                return State.SKIPPED, "the Deployment is gone"
+            try:
+                previous = record_of(raw)
+            except RecordError:
+                previous = None
+            changes = changes_for(w, raw, spec, previous)
+            if not changes:
+                return State.UP_TO_DATE, None
+            return self._rollout(body, spec, raw, changes, now,
+                                 note=f" (a rollout: {reason})")  # fmt: skip
+
+        return rollout_instead
 
     # -- verifying ---------------------------------------------------------------------
 

@@ -4,6 +4,10 @@ for the policy's interval (or the retry delay), waking early when the spec chang
 A daemon rather than a timer: a timer's interval is fixed when the handler is
 declared, and each policy has its own. Kopf is imported here and in ``runner.py``
 only (an import-linter contract says so).
+
+With an admission webhook (``unthrottle operator --webhook``), one mutating handler gives
+the pods an InPlace change's ReplicaSet creates the applied settings
+(:mod:`unthrottle.operator.admission`).
 """
 
 from __future__ import annotations
@@ -16,15 +20,16 @@ from typing import Any
 import kopf
 
 from unthrottle.kube.objects import GROUP, PLURAL, VERSION
+from unthrottle.operator.admission import HANDLER_ID, PodAdmission
 from unthrottle.operator.reconcile import Reconciler
 from unthrottle.operator.settings import OperatorSettings
 
 _log = logging.getLogger("unthrottle.operator")
 
 
-def register(registry: kopf.OperatorRegistry, reconciler: Reconciler,
-             settings: OperatorSettings) -> None:  # fmt: skip
-    """Declare the handlers on ``registry``."""
+def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: OperatorSettings,
+             *, admission: PodAdmission | None = None) -> None:  # fmt: skip
+    """Declare the handlers on ``registry`` (``admission``: the pods' mutating webhook too)."""
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -64,3 +69,18 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler,
     @kopf.on.probe(registry=registry, id="policies")
     def policies(**_: Any) -> int:
         return len(reconciler.memory)
+
+    if admission is not None:
+        _register_admission(registry, admission)
+
+
+def _register_admission(registry: kopf.OperatorRegistry, admission: PodAdmission) -> None:
+    # ignore_failures and side_effects describe the configuration, which the chart writes
+    # (settings.admission.managed is None); Kopf rejects a pod whose handler raises, so
+    # admission.review never raises.
+    @kopf.on.mutate("v1", "pods", id=HANDLER_ID, operations=["CREATE"], ignore_failures=True,
+                    side_effects=False, registry=registry)  # fmt: skip
+    async def inplace_pods(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+        merge = await admission.review(copy.deepcopy(dict(body)))
+        if merge is not None:
+            patch.update(merge)  # Kopf sends it as a JSON Patch against the pod as it came

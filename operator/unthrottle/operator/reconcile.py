@@ -19,6 +19,7 @@ from typing import Any
 
 from unthrottle.kube.deployments import DeploymentStore
 from unthrottle.kube.objects import ObjectStore
+from unthrottle.kube.pods import PodStore
 from unthrottle.kube.workloads import WorkloadStore
 from unthrottle.metrics.source import MetricsError, MetricsSource
 from unthrottle.model.policy import SpecError, ThrottlePolicySpec, parse_spec
@@ -76,6 +77,7 @@ class Reconciler:
                  workloads: WorkloadStore, objects: ObjectStore,
                  evidence: EvidenceReader | None = None,
                  deployments: DeploymentStore | None = None,
+                 pods: PodStore | None = None,
                  telemetry: Telemetry | None = None,
                  clock: Callable[[], float] = time.time) -> None:  # fmt: skip
         self.settings = settings
@@ -87,7 +89,8 @@ class Reconciler:
         self.clock = clock
         self.memory: dict[str, PolicyMemory] = {}
         self.applier = None if deployments is None else Applier(
-            deployments=deployments, objects=objects, metrics=metrics, clock=clock)  # fmt: skip
+            deployments=deployments, objects=objects, metrics=metrics, clock=clock,
+            pods=pods)  # fmt: skip
 
     def forget(self, body: dict[str, Any]) -> None:
         """A policy was deleted: drop its memory."""

@@ -263,7 +263,12 @@ def processors(
         why = f"GOMAXPROCS {value}: ceil of {limit}m, at least 2, as Go ≥ 1.25 would choose"
         if current.gomaxprocs_env is not None and current.gomaxprocs_env != value:
             why += f" (today {current.gomaxprocs_env}: keep the explicit value in step)"
-        return value, None, [why]
+        reasons = [why]
+        if current.gomaxprocs_env is not None:
+            reasons.append("GOMAXPROCS is set in the env, which turns off Go ≥ 1.25's own "
+                           "sizing from the CPU limit (it follows an in-place resize too); "
+                           "an env var changes only at a rollout")  # fmt: skip
+        return value, None, reasons
     if current.runtime is Runtime.JVM:
         value = max(1, cores)
         return None, value, [f"-XX:ActiveProcessorCount={value}: ceil of {limit}m"]

@@ -7,6 +7,7 @@ same from Python (the tests' session fixture, the demo).
 
 from unthrottle.devtools.kube.build import BINARIES, Binaries, BuildError, ensure_built
 from unthrottle.devtools.kube.cluster import ControlPlane, KubectlError, StartError, fake_node
+from unthrottle.devtools.kube.kubelet import ResizingKubelet as ResizingKubelet
 
 __all__ = [
     "BINARIES",

@@ -1,0 +1,142 @@
+"""A Deployment's running pods, and the two writes InPlace makes to them: a resize through
+the pod's ``resize`` subresource, and the burst annotation (a merge patch of the pod)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol
+
+from unthrottle.kube.deployments import PatchRefused, _refusal
+
+REVISION = "deployment.kubernetes.io/revision"
+
+
+class NoResizeSubresource(RuntimeError):
+    """The API server has no ``pods/resize`` (Kubernetes before 1.33)."""
+
+
+class PodStore(Protocol):
+    """What InPlace reads and writes of pods."""
+
+    def current(self, deployment: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]]]:
+        """The Deployment's current ReplicaSet (of its revision) and that ReplicaSet's pods
+        (None, []: none yet)."""
+        ...
+
+    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """One pod, or None when it is gone."""
+        ...
+
+    def resize(self, namespace: str, name: str, body: dict[str, Any], *,
+               dry_run: bool = False) -> dict[str, Any]:  # fmt: skip
+        """A strategic merge patch of the pod's ``resize`` subresource: PatchRefused when the
+        server refuses it, NoResizeSubresource when it has none."""
+        ...
+
+    def annotate(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        """A merge patch of the pod's metadata."""
+        ...
+
+
+def _owned_by(obj: dict[str, Any], kind: str, uid: str) -> bool:
+    return any(ref.get("kind") == kind and ref.get("uid") == uid and ref.get("controller")
+               for ref in (obj.get("metadata") or {}).get("ownerReferences") or [])  # fmt: skip
+
+
+def current_replicaset(deployment: dict[str, Any],
+                       replicasets: list[dict[str, Any]]) -> dict[str, Any] | None:  # fmt: skip
+    """The ReplicaSet of the Deployment's current revision, among ``replicasets``."""
+    meta = deployment["metadata"]
+    revision = (meta.get("annotations") or {}).get(REVISION)
+    for rs in replicasets:
+        if not _owned_by(rs, "Deployment", meta["uid"]):
+            continue
+        if revision is not None and (rs["metadata"].get("annotations") or {}).get(REVISION) == (
+            revision
+        ):
+            return rs
+    return None
+
+
+def running(pod: dict[str, Any]) -> bool:
+    """Running, not being deleted, every container ready (a pod a resize can act on)."""
+    status = pod.get("status") or {}
+    if pod["metadata"].get("deletionTimestamp") or status.get("phase") != "Running":
+        return False
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in status.get("conditions") or [])  # fmt: skip
+
+
+class KubePods:
+    """A :class:`PodStore` over ``kubernetes.client``."""
+
+    def __init__(self, api_client: Any, *, timeout_s: float = 30.0) -> None:
+        from kubernetes import client
+
+        self.core: Any = client.CoreV1Api(api_client)
+        self.apps: Any = client.AppsV1Api(api_client)
+        self.timeout_s = timeout_s
+
+    def _opts(self, **more: Any) -> dict[str, Any]:
+        return {"_preload_content": False, "_request_timeout": self.timeout_s, **more}
+
+    def current(self, deployment: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]]]:
+        meta = deployment["metadata"]
+        namespace = meta["namespace"]
+        labels = ((deployment.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+        selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+        reply = self.apps.list_namespaced_replica_set(namespace, label_selector=selector,
+                                                      **self._opts())  # fmt: skip
+        rs = current_replicaset(deployment, json.loads(reply.data).get("items") or [])
+        if rs is None:
+            return None, []
+        reply = self.core.list_namespaced_pod(namespace, label_selector=selector, **self._opts())
+        uid = rs["metadata"]["uid"]
+        pods = [p for p in json.loads(reply.data).get("items") or []
+                if _owned_by(p, "ReplicaSet", uid)]  # fmt: skip
+        return rs["metadata"]["name"], sorted(pods, key=lambda p: p["metadata"]["name"])
+
+    def get(self, namespace: str, name: str) -> dict[str, Any] | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            reply = self.core.read_namespaced_pod(name, namespace, **self._opts())
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return dict(json.loads(reply.data))
+
+    def resize(self, namespace: str, name: str, body: dict[str, Any], *,
+               dry_run: bool = False) -> dict[str, Any]:  # fmt: skip
+        from kubernetes.client.exceptions import ApiException
+
+        options = self._opts(_content_type="application/strategic-merge-patch+json")
+        if dry_run:
+            options["dry_run"] = "All"
+        try:
+            reply = self.core.patch_namespaced_pod_resize(name, namespace, body, **options)
+        except ApiException as error:
+            if error.status == 404 and self.get(namespace, name) is not None:
+                raise NoResizeSubresource("the API server has no pods/resize subresource "
+                                          "(in-place resize needs Kubernetes 1.33 or later)"
+                                          ) from None  # fmt: skip
+            if error.status in (400, 403, 422):
+                raise PatchRefused(f"the API server refused the resize of pod {namespace}/"
+                                   f"{name}: {_refusal(error)}") from None  # fmt: skip
+            raise
+        return dict(json.loads(reply.data))
+
+    def annotate(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            reply = self.core.patch_namespaced_pod(
+                name, namespace, patch, **self._opts(_content_type="application/merge-patch+json")
+            )
+        except ApiException as error:
+            if error.status in (400, 403, 422):
+                raise PatchRefused(f"the API server refused the annotation of pod {namespace}/"
+                                   f"{name}: {_refusal(error)}") from None  # fmt: skip
+            raise
+        return dict(json.loads(reply.data))

@@ -1,0 +1,326 @@
+"""Apply mode's InPlace method: resize the running pods of a Deployment, one canary first,
+without a rollout and without restarting a pod.
+
+Every step is decided from the Deployment's record (``unthrottle.io/last-applied``) and the
+pods as they are, never from memory; the record names the pods before they are touched, so
+an operator killed at any point resumes, and a rollback knows what to resize back.
+
+Per reconcile, for a record of ours with no verdict:
+
+=============================  ===========================================================
+where it stands                what happens
+=============================  ===========================================================
+a newer ReplicaSet             the team rolled out a change: the record is closed
+                               (``Superseded``), the new pods are left alone
+``undo`` set                   every resized pod is resized back, a step at a time; then
+                               the verdict ``RolledBack``
+canary not resized yet         interim burst (if the burst falls) → the node agent wrote it
+                               → resize → the kubelet reports it → final burst
+canary resized                 ``verifyFor`` later, the canary's own throttle ratio: worse
+                               → ``undo``; else the rest, ``maxConcurrent`` pods at a time
+every pod resized              the verdict ``Applied``
+Deferred / Infeasible / refused InPlace: ``undo`` with the kubelet's (or server's) words;
+                               InPlaceOrRollout: a rollout instead
+=============================  ===========================================================
+
+Pods the ReplicaSet creates meanwhile get the applied settings from the admission webhook
+once the canary passed (:func:`unthrottle.kube.inplace.admission_patch`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from unthrottle.kube.deployments import DeploymentStore, PatchRefused
+from unthrottle.kube.inplace import (
+    InPlaceError,
+    annotation_patch,
+    burst_annotation,
+    interim_burst,
+    interim_bursts_us,
+    resize_body,
+    resize_state,
+    targets,
+)
+from unthrottle.kube.patching import Record, record_patch, record_text
+from unthrottle.kube.pods import NoResizeSubresource, PodStore, running
+from unthrottle.metrics.promql import pod_burst_query, pod_counter_queries
+from unthrottle.metrics.source import MetricsError, MetricsSource
+from unthrottle.model.burst import BURST_ANNOTATION
+from unthrottle.model.policy import ThrottlePolicySpec
+from unthrottle.operator.status import State
+
+_log = logging.getLogger("unthrottle.operator")
+Outcome = tuple[State, str | None]
+Event = Callable[[dict[str, Any], str, str, str], None]
+Worse = Callable[[float | None, float, float, float], bool]
+
+
+class GiveUp(Exception):
+    """A pod cannot take the resize (Deferred, Infeasible, refused, no resize subresource)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """Where one pod's resize stands after this reconcile's step."""
+
+    done: bool
+    message: str = ""
+
+
+def _pct(ratio: float | None) -> str:
+    return "?" if ratio is None else f"{ratio * 100:.0f} %"
+
+
+class InPlace:
+    """Drives InPlace records; the Applier hands it the Deployments whose record says so."""
+
+    def __init__(self, *, deployments: DeploymentStore, pods: PodStore, metrics: MetricsSource,
+                 event: Event, worse: Worse) -> None:  # fmt: skip
+        self.deployments = deployments
+        self.pods = pods
+        self.metrics = metrics
+        self.event = event
+        self.worse = worse
+
+    # -- the record ------------------------------------------------------------------------
+
+    def write(self, raw: dict[str, Any], record: Record, *,
+              first: bool = False) -> dict[str, Any] | None:  # fmt: skip
+        """Write the record on the Deployment as it is now (``first``: there was none of
+        this change yet), if nobody rewrote it meanwhile; the Deployment as written, or None.
+        A Deployment's generation rises with its annotations: the record keeps the one its
+        own write gives, so a later change by someone else is seen as one."""
+        meta = raw["metadata"]
+        fresh = self.deployments.get(meta["namespace"], meta["name"])
+        if fresh is None or (not first and record_text(fresh) != record_text(raw)):
+            return None
+        record = replace(record, generation=int(fresh["metadata"].get("generation") or 0) + 1)
+        try:
+            return self.deployments.json_patch(meta["namespace"], meta["name"],
+                                               record_patch(fresh, record))  # fmt: skip
+        except Exception as error:  # a conflict or a failed call: re-read next cycle
+            _log.info("record of %s/%s not written: %s", meta["namespace"], meta["name"], error)
+            return None
+
+    # -- one pod ---------------------------------------------------------------------------
+
+    def drive(self, pod: dict[str, Any], record: Record, *, undo: bool) -> Step:
+        """One step of a pod's resize (``undo``: back to the settings before), in the order
+        the kernel allows: interim burst, resize, final burst. GiveUp when it cannot be."""
+        meta = pod["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        try:
+            want = targets(pod, record, undo=undo)
+        except InPlaceError as error:
+            raise GiveUp(str(error)) from None
+        state = resize_state(pod, want)
+        key = record.burst_key
+        interim = interim_burst(record)
+        if state.state == "asked":
+            if interim is not None and burst_annotation(pod, BURST_ANNOTATION) != interim:
+                self.pods.annotate(namespace, name, annotation_patch(BURST_ANNOTATION, interim))
+                return Step(False, f"pod {name}: burst lowered first (the kernel refuses a "
+                            "quota under the burst); waiting for the node agent")  # fmt: skip
+            if interim is not None and not self._burst_written(pod, record):
+                return Step(False, f"pod {name}: waiting for the node agent to write the lower "
+                                   "burst before the quota falls")  # fmt: skip
+            body = resize_body(pod, want)
+            assert body is not None
+            try:
+                self.pods.resize(namespace, name, body)
+            except (PatchRefused, NoResizeSubresource) as error:
+                raise GiveUp(str(error)) from None
+            return Step(False, f"pod {name}: resize sent, waiting for its kubelet")
+        if state.state in ("deferred", "infeasible"):
+            raise GiveUp(f"the kubelet of pod {name} reports the resize {state.state.title()}: "
+                         f"{state.message}")  # fmt: skip
+        if state.state == "error":
+            return Step(False, f"pod {name}: the kubelet failed to resize it ({state.message}); "
+                               "it retries")  # fmt: skip
+        if state.state == "resizing":
+            return Step(False, f"pod {name}: resizing ({state.message or 'in progress'})")
+        final = record.burst_before if undo else record.burst_after
+        if key is not None and burst_annotation(pod, key) != final:
+            self.pods.annotate(namespace, name, annotation_patch(key, final))
+        return Step(True, f"pod {name}: resized in place")
+
+    def _burst_written(self, pod: dict[str, Any], record: Record) -> bool:
+        """The node agent reports each container's burst at or under the interim one (no
+        series for the pod: no agent samples it, so none wrote a burst into its cgroup)."""
+        meta = pod["metadata"]
+        try:
+            samples = self.metrics.instant(pod_burst_query(meta["namespace"], meta["name"]))
+        except MetricsError:
+            return False
+        seen = {s.labels.get("container"): s.value for s in samples}
+        return all(seen.get(name) is None or seen[name] * 1e6 <= us + 1
+                   for name, us in interim_bursts_us(record).items())  # fmt: skip
+
+    def pod_ratio(self, namespace: str, pod: str, window_s: int,
+                  at: float) -> dict[str, tuple[float, float]]:  # fmt: skip
+        """Per container of one pod: (throttle ratio, periods) over the window."""
+        queries = pod_counter_queries(namespace, pod, max(window_s, 60))
+        periods = {s.labels.get("container"): s.value
+                   for s in self.metrics.instant(queries["periods"], at=at)}  # fmt: skip
+        throttled = {s.labels.get("container"): s.value for s in
+                     self.metrics.instant(queries["throttled_periods"], at=at)}  # fmt: skip
+        return {str(c): (throttled.get(c, 0.0) / n, n) for c, n in periods.items() if n > 0}
+
+    # -- one Deployment --------------------------------------------------------------------
+
+    def step(self, spec: ThrottlePolicySpec, raw: dict[str, Any], record: Record, now: float,
+             fallback: Callable[[str], Outcome]) -> Outcome:  # fmt: skip
+        """Advance an InPlace record (no verdict yet) by what can be done now."""
+        current, pods = self.pods.current(raw)
+        if current != record.replicaset:
+            closed = replace(record, verdict="Superseded", verdict_at=now,
+                             verdict_reason=f"a rollout replaced ReplicaSet {record.replicaset}"
+                             f" ({current} now); its new pods are left alone")  # fmt: skip
+            self.write(raw, closed)
+            return State.RECOMMENDED, (f"{closed.verdict_reason}: recommended again from their "
+                                       "evidence")  # fmt: skip
+        live = {p["metadata"]["name"]: p for p in pods if running(p)}
+        if record.undo is not None:
+            return self._undo(raw, record, live, now)
+        try:
+            if record.canary_verified_at is None:
+                return self._canary(spec, raw, record, live, now)
+            return self._rest(spec, raw, record, live, now)
+        except GiveUp as error:
+            reason = str(error)
+            if spec.apply.method == "InPlaceOrRollout":
+                return fallback(reason)
+            undo = replace(record, undo=f"in-place resize given up: {reason}")
+            written = self.write(raw, undo)
+            if written is None:
+                return State.VERIFYING, "the record changed meanwhile: re-read next cycle"
+            self.event(raw, "Warning", "InPlaceGivenUp", undo.undo or "")
+            return self._undo(written, undo, live, now)
+
+    def _canary(self, spec: ThrottlePolicySpec, raw: dict[str, Any], record: Record,
+                live: dict[str, dict[str, Any]], now: float) -> Outcome:  # fmt: skip
+        canary = live.get(record.canary or "")
+        if canary is None:
+            if not live:
+                return State.VERIFYING, "no running pod to resize yet (scaled to zero?)"
+            pick = sorted(live)[0]
+            moved = replace(record, canary=pick, canary_done_at=None,
+                            resized=tuple(sorted({*record.resized, pick})))  # fmt: skip
+            if self.write(raw, moved) is None:
+                return State.VERIFYING, "the record changed meanwhile: re-read next cycle"
+            return State.VERIFYING, f"the canary pod {record.canary} is gone: {pick} is the canary"
+        step = self.drive(canary, record, undo=False)
+        if not step.done:
+            return State.VERIFYING, f"canary: {step.message}"
+        if record.canary_done_at is None:
+            record = replace(record, canary_done_at=now)
+            written = self.write(raw, record)
+            if written is None:
+                return State.VERIFYING, "the record changed meanwhile: re-read next cycle"
+            raw = written
+            self.event(raw, "Normal", "CanaryResized", f"pod {record.canary} resized in place, "
+                       f"no restart; verifying for {spec.apply.verify_for}")  # fmt: skip
+        assert record.canary_done_at is not None
+        ready_at = record.canary_done_at + spec.apply.verify_for_s
+        if now < ready_at:
+            return State.VERIFYING, (f"canary pod {record.canary} resized in place; verifying "
+                                     f"its throttling until {_iso(ready_at)}")  # fmt: skip
+        namespace = raw["metadata"]["namespace"]
+        try:
+            found = self.pod_ratio(namespace, record.canary or "",
+                                   int(now - record.canary_done_at), now)  # fmt: skip
+        except MetricsError as error:
+            return State.VERIFYING, f"no verdict while Prometheus cannot answer ({error})"
+        after: dict[str, float | None] = {}
+        worse = []
+        for c in record.containers:
+            if c.name not in found:
+                return State.VERIFYING, f"no counters for canary pod {record.canary} yet"
+            ratio, periods = found[c.name]
+            after[c.name] = ratio
+            if self.worse(c.ratio_before, ratio, periods, spec.target_throttle_ratio):
+                worse.append(f"{c.name} {_pct(c.ratio_before)} → {_pct(ratio)}")
+        record = replace(record, ratio_after=after)
+        if worse and spec.apply.rollback_if_worse:
+            undo = replace(record, undo=f"throttling of canary pod {record.canary} got worse: "
+                           f"{', '.join(worse)} of periods")  # fmt: skip
+            written = self.write(raw, undo)
+            if written is None:
+                return State.VERIFYING, "the record changed meanwhile: re-read next cycle"
+            return self._undo(written, undo, live, now)
+        passed = replace(record, canary_verified_at=now)
+        written = self.write(raw, passed)
+        if written is None:
+            return State.VERIFYING, "the record changed meanwhile: re-read next cycle"
+        text = ", ".join(f"{c.name} {_pct(c.ratio_before)} → {_pct(after.get(c.name))}"
+                         for c in record.containers)  # fmt: skip
+        self.event(written, "Normal", "CanaryPassed", f"canary pod {record.canary}: {text} of "
+                   "periods throttled; resizing the rest")  # fmt: skip
+        return self._rest(spec, written, passed, live, now)
+
+    def _rest(self, spec: ThrottlePolicySpec, raw: dict[str, Any], record: Record,
+              live: dict[str, dict[str, Any]], now: float) -> Outcome:  # fmt: skip
+        waiting, untouched = [], []
+        for name in sorted(live):
+            if name in record.resized or name == record.canary:
+                step = self.drive(live[name], record, undo=False)
+                if not step.done:
+                    waiting.append(step.message)
+            elif resize_state(live[name], targets(live[name], record)).state == "done":
+                continue  # created after the canary passed: the webhook gave it the settings
+            else:
+                untouched.append(name)
+        room = max(0, spec.apply.max_concurrent - len(waiting))
+        start = untouched[:room]
+        if start:
+            record = replace(record, resized=tuple(sorted({*record.resized, *start})))
+            written = self.write(raw, record)  # named before they are touched
+            if written is None:
+                return State.VERIFYING, "the record changed meanwhile: re-read next cycle"
+            raw = written
+            waiting += [self.drive(live[name], record, undo=False).message for name in start]
+        if waiting or untouched[room:]:
+            left = len(untouched) - len(start)
+            more = f"; {left} more after these" if left else ""
+            return State.VERIFYING, (f"canary passed; resizing the rest "
+                                     f"(apply.maxConcurrent {spec.apply.max_concurrent}): "
+                                     f"{'; '.join(waiting)}{more}")  # fmt: skip
+        done = replace(
+            record,
+            verdict="Applied",
+            verdict_at=now,
+            verdict_reason=f"{len(live)} pods resized in place, none restarted",
+        )
+        if self.write(raw, done) is None:
+            return State.VERIFYING, "the record changed meanwhile: re-read next cycle"
+        self.event(raw, "Normal", "Verified", f"kept: {done.verdict_reason}")
+        return State.APPLIED, f"applied in place: {done.verdict_reason}"
+
+    def _undo(self, raw: dict[str, Any], record: Record, live: dict[str, dict[str, Any]],
+              now: float) -> Outcome:  # fmt: skip
+        waiting = []
+        for name in sorted(live):  # the resized ones, and any the webhook gave the settings
+            try:
+                step = self.drive(live[name], record, undo=True)
+            except GiveUp as error:
+                waiting.append(f"pod {name} cannot be resized back: {error}")
+                continue
+            if not step.done:
+                waiting.append(step.message)
+        if waiting:
+            return State.VERIFYING, f"rolling back in place ({record.undo}): {'; '.join(waiting)}"
+        done = replace(record, verdict="RolledBack", verdict_at=now, verdict_reason=record.undo)
+        if self.write(raw, done) is None:
+            return State.VERIFYING, "the record changed meanwhile: re-read next cycle"
+        self.event(raw, "Warning", "RolledBack", f"rolled back in place: {record.undo}")
+        return State.ROLLED_BACK, f"rolled back: {record.undo}"
+
+
+def _iso(unix: float) -> str:
+    from unthrottle.operator.status import timestamp
+
+    return timestamp(unix)
