@@ -6,20 +6,28 @@
    kube-controller-manager and kube-scheduler (built from their Go modules by `make
    controlplane`), with one fake node (kwok) standing in for a node and its kubelet.
 2. Two Deployments (the request pool and the parallel batch from scenarios/, both throttled
-   today) are rolled out by the real Deployment controller onto the fake node. Each pod's
-   workload runs in a real cgroup named as the kubelet names it,
-   ``kubepods/burstable/pod<uid>/<container id>``, from the pod object: the UID the API
-   server gave it and the container ID its kubelet (kwok) reported.
-3. The node agent names those cgroups through the API and samples them every 100 ms; a
-   real Prometheus scrapes the agent.
-4. The operator reconciles a ThrottlePolicy on the API server: Recommend mode, then Apply.
-   The Deployment controller rolls out new pods, which carry the new limit and burst.
-5. The new pods' cgroups get that limit and burst (what the kubelet and the agent would
-   write), and the workloads run again in them.
+   today) are rolled out by the real Deployment controller onto the fake node. When a pod
+   starts, its cgroups are made as a kubelet (cgroupfs driver) makes them, from the pod
+   object (the UID the API server gave it, the container ID its kubelet, kwok, reported):
+   ``kubepods/burstable/pod<uid>`` with the sum of its containers' limits as quota, and
+   ``…/<container id>`` with the container's own, period 100 ms. They live as long as the
+   pod; the pod's workload runs in its container's cgroup.
+3. The node agent names those cgroups through the API, samples them every 100 ms and
+   writes the burst that pod annotations ask for; a real Prometheus scrapes the agent.
+4. The operator reconciles a ThrottlePolicy on the API server: Recommend mode, then Apply
+   with ``apply.method: InPlace``: each running pod is resized through its ``resize``
+   subresource (a canary first; with one pod per Deployment, the canary is the pod), and
+   its burst annotation set; the pod template is not patched. kwok does not act on
+   resizes: a stand-in kubelet (``ResizingKubelet``) admits each resize and writes the new
+   quota into the pod's cgroups, in the order the kernel accepts, before reporting it done.
+5. The agent writes the new burst into the same cgroups, and the workloads run again in
+   the same containers' cgroups: no pod restarted.
 6. A before / after table, and the HTML report's path.
 
 Without root (no cgroups to write), the same operator loop runs on the same control plane
-over a day of synthesized history, and the CFS model gives the throttling before and after.
+over a day of synthesized history, and the CFS model gives the throttling before and after;
+Apply there rolls out new pods (``apply.method: Rollout``): with no cgroup to resize, an
+in-place resize would show nothing the rollout does not.
 Everything started here is stopped by its PID, and every cgroup removed, also on Ctrl-C.
 """
 
@@ -43,7 +51,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests")]
 from kube import Kube  # noqa: E402  (plain calls to the API server, and rollout waits)
-from unthrottle.cfs.settings import format_cpu, parse_cpu  # noqa: E402
+from unthrottle.cfs.settings import Bandwidth, format_cpu, parse_cpu  # noqa: E402
 from unthrottle.devtools.kube import (  # noqa: E402
     BuildError,
     ControlPlane,
@@ -61,6 +69,10 @@ POLICIES = "unthrottle.io/v1alpha1/throttlepolicies"
 NS = "shop"
 CONTAINER = "app"
 TARGET = 0.05
+PERIOD_US = 100_000
+"""The kubelet's CFS period (its ``cpuCFSQuotaPeriod`` default)."""
+IN_PLACE = {"mode": "Apply", "apply": {"method": "InPlace", "maxConcurrent": 2}}
+"""Apply, resizing the running pods; both Deployments at once."""
 SAVE = os.environ.get("UNTHROTTLE_DEMO_JSON")
 """Where to write the before / after figures as JSON too (the demo's test reads them)."""
 
@@ -105,19 +117,20 @@ class Pod:
     qos: str
     node: str
     container_id: str
+    restarts: int
     limit_millicores: int
     burst_us: int
 
     @classmethod
     def of(cls, obj: dict[str, Any]) -> Pod:
         meta, spec, status = obj["metadata"], obj["spec"], obj["status"]
-        (cid,) = [cs["containerID"].partition("://")[2]
-                  for cs in status["containerStatuses"] if cs["name"] == CONTAINER]  # fmt: skip
+        (cs,) = [cs for cs in status["containerStatuses"] if cs["name"] == CONTAINER]
         (container,) = [c for c in spec["containers"] if c["name"] == CONTAINER]
         limit = parse_cpu(container["resources"]["limits"]["cpu"])
         asked = spec_for(burst_specs(meta.get("annotations") or {}), CONTAINER)
-        burst, _ = asked.resolve(limit * 100) if asked else (0, False)
-        return cls(meta["name"], meta["uid"], status["qosClass"], spec["nodeName"], cid,
+        burst, _ = asked.resolve(quota_of(limit)) if asked else (0, False)
+        return cls(meta["name"], meta["uid"], status["qosClass"], spec["nodeName"],
+                   cs["containerID"].partition("://")[2], int(cs.get("restartCount") or 0),
                    limit, burst)  # fmt: skip
 
     @property
@@ -125,6 +138,11 @@ class Pod:
         """The pod's cgroup below the kubelet's parent (cgroupfs driver)."""
         qos = {"Guaranteed": "", "Burstable": "burstable/", "BestEffort": "besteffort/"}
         return f"kubepods/{qos[self.qos]}pod{self.uid}"
+
+    @property
+    def container_cgroup(self) -> str:
+        """Its container's cgroup, below the pod's."""
+        return f"{self.cgroup}/{self.container_id}"
 
     def settings(self) -> RunSpec:
         """The limit and burst the kubelet and the agent write into its container's cgroup."""
@@ -134,6 +152,11 @@ class Pod:
         burst = f", burst {self.burst_us / 1000:g} ms" if self.burst_us else ""
         return (f"pod {NS}/{self.name} on {self.node}: limit {format_cpu(self.limit_millicores)}"
                 f"{burst}; cgroup {self.cgroup}/{self.container_id[:12]}…")  # fmt: skip
+
+
+def quota_of(millicores: int) -> int:
+    """The kubelet's quota for a CPU limit (milliCPUToQuota): limit × period, at least 1 ms."""
+    return max(millicores * PERIOD_US // 1000, 1000)
 
 
 def pod_of(kube: Kube, deployment: str) -> Pod:
@@ -151,6 +174,7 @@ def reconciler(kube: Kube, prometheus_url: str) -> Any:
 
     from unthrottle.kube.deployments import KubeDeployments
     from unthrottle.kube.objects import KubeObjects
+    from unthrottle.kube.pods import KubePods
     from unthrottle.kube.workloads import KubeWorkloadStore
     from unthrottle.metrics.source import PrometheusConfig, PrometheusSource
     from unthrottle.operator.reconcile import Reconciler
@@ -161,17 +185,18 @@ def reconciler(kube: Kube, prometheus_url: str) -> Any:
     return Reconciler(
         OperatorSettings(source.config), metrics=source,
         workloads=KubeWorkloadStore(client.CoreV1Api(api), client.AppsV1Api(api)),
-        objects=KubeObjects(api), deployments=KubeDeployments(api),
+        objects=KubeObjects(api), deployments=KubeDeployments(api), pods=KubePods(api),
     )  # fmt: skip
 
 
-def reconcile(kube: Kube, operator: Any, spec: dict[str, Any]) -> dict[str, Any]:
-    """Create or update the policy, reconcile it once, return its status."""
-    if kube.get(POLICIES, NS, "demo") is None:
+def reconcile(kube: Kube, operator: Any, spec: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Create or update the policy (``spec`` None: as it is), reconcile it once, return its
+    status."""
+    if spec is not None and kube.get(POLICIES, NS, "demo") is None:
         kube.create(POLICIES, {"apiVersion": "unthrottle.io/v1alpha1",
                                "kind": "ThrottlePolicy", "spec": spec,
                                "metadata": {"namespace": NS, "name": "demo"}})  # fmt: skip
-    else:
+    elif spec is not None:
         kube.patch(POLICIES, NS, "demo", {"spec": spec})
     body = kube.get(POLICIES, NS, "demo")
     outcome = operator.reconcile(body)
@@ -206,9 +231,9 @@ def write_report(kube: Kube) -> Path:
     return path
 
 
-def rolled_out(kube: Kube, names: list[str], step: str = "") -> dict[str, Pod]:
+def rolled_out(kube: Kube, names: list[str]) -> dict[str, Pod]:
     """The Deployment controller's new pods, once each rollout is complete."""
-    say(f"{step}the Deployment controller rolls out new pods, with the new limit and burst")
+    say("the Deployment controller rolls out new pods, with the new limit and burst")
     after = {}
     for name in names:
         after[name] = pod_of(kube, name)
@@ -216,15 +241,18 @@ def rolled_out(kube: Kube, names: list[str], step: str = "") -> dict[str, Pod]:
     return after
 
 
-def table(rows: list[tuple[str, str, str, str, str]]) -> None:
-    header = ("workload", "settings", "limit / burst", "throttled periods", "p99 latency")
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(5)]
+COLUMNS = ("workload", "settings", "limit / burst", "throttled periods", "p99 latency")
+
+
+def table(rows: list[tuple[str, ...]], header: tuple[str, ...] = COLUMNS) -> None:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
 
 
 def closing(kube: Kube, report: Path, *, cgroups: bool) -> None:
-    wrote = ", and this demo wrote the cgroups a kubelet would," if cgroups else ""
+    wrote = (", and this demo made and resized the cgroups a kubelet would (the agent wrote "
+             "the burst)," if cgroups else "")  # fmt: skip
     print(f"\nThe HTML report: {report}\n(fake nodes (kwok) stood in for kubelets{wrote} on a "
           "real control plane: kube-apiserver, etcd, controller-manager, scheduler "
           f"{kube.plane.version}. On a real cluster, install the chart and apply a policy, "
@@ -276,14 +304,18 @@ def apps() -> list[App]:
 
 class KubeletTree:
     """The cgroups a kubelet (cgroupfs driver) makes for the node's pods, below ``root``:
-    ``kubepods``, its QoS levels, a cgroup per pod; removed when the pod is gone. Every one
-    left is removed on exit. The containers' cgroups are the lab's runs."""
+    ``kubepods``, its QoS levels, and when a pod starts, its cgroup with the sum of its
+    containers' limits as quota and its container's cgroup with the container's own (period
+    100 ms, no burst: the agent writes that). :meth:`resize` is the kubelet's part of an
+    in-place resize. Every cgroup is removed on exit, containers' first."""
 
     def __init__(self, layout: Any, root: str) -> None:
         self.layout, self.root = layout, root
         self.made: list[Any] = []
+        self.writes: list[str] = []
+        """What :meth:`resize` wrote, in order, for the screen."""
 
-    def _make(self, path: str) -> None:
+    def _make(self, path: str, quota_us: int | None = None) -> None:
         from unthrottle.cgroups import Cgroup
 
         if any(cg.path == path for cg in self.made):
@@ -291,6 +323,8 @@ class KubeletTree:
         cg = Cgroup(self.layout, path)
         cg.create()
         self.made.append(cg)
+        if quota_us is not None:
+            cg.write_bandwidth(Bandwidth(quota_us, PERIOD_US))
 
     def __enter__(self) -> KubeletTree:
         self._make(self.root)
@@ -298,19 +332,49 @@ class KubeletTree:
         return self
 
     def add(self, pod: Pod) -> str:
-        """Make the pod's cgroup; return its container's cgroup path (made by the run)."""
+        """The pod starts: make its cgroup and its container's; the container's path. The
+        pod's quota is its one container's limit here (the sum, for more containers)."""
+        *levels, _ = pod.cgroup.split("/")
         parent = self.root
-        for part in pod.cgroup.split("/"):
+        for part in levels:
             parent = f"{parent}/{part}"
             self._make(parent)
-        return f"{self.root}/{pod.cgroup}/{pod.container_id}"
+        quota = quota_of(pod.limit_millicores)
+        self._make(f"{self.root}/{pod.cgroup}", quota)
+        self._make(f"{self.root}/{pod.container_cgroup}", quota)
+        return f"{self.root}/{pod.container_cgroup}"
 
-    def remove(self, pod: Pod) -> None:
-        """The pod is gone: its cgroup too."""
-        path = f"{self.root}/{pod.cgroup}"
-        for cg in [cg for cg in self.made if cg.path == path]:
-            cg.remove()
-            self.made.remove(cg)
+    def resize(self, obj: dict[str, Any], container: str, resources: dict[str, Any]) -> None:
+        """Actuate an in-place resize (``ResizingKubelet``'s ``actuate``): the container's
+        new quota, and the pod's, kept at the sum of its containers'. Only the quotas: the
+        period stays, and the burst is the agent's. A rising pod quota is written first and
+        a falling one last, as the kubelet does (``resizeContainers``): cgroup v1 refuses a
+        child's quota above its parent's (EINVAL)."""
+        from unthrottle.cgroups import Cgroup
+
+        pod = Pod.of(obj)
+        limit = (resources.get("limits") or {}).get("cpu")
+        if container != CONTAINER or limit is None:
+            raise ValueError(f"container {container}: the demo's stand-in resizes the CPU "
+                             f"limit of container {CONTAINER} only")  # fmt: skip
+        pod_cg = Cgroup(self.layout, f"{self.root}/{pod.cgroup}")
+        own = Cgroup(self.layout, f"{self.root}/{pod.container_cgroup}")
+        new, old = quota_of(parse_cpu(limit)), own.read_bandwidth().quota_us
+        pod_old = pod_cg.read_bandwidth().quota_us
+        if old is None or pod_old is None:
+            raise ValueError(f"pod {pod.name}: no quota to resize")
+        pod_new = pod_old - old + new
+        order = (
+            [(pod_cg, pod_new), (own, new)]
+            if pod_new >= pod_old
+            else [(own, new), (pod_cg, pod_new)]
+        )
+        for cg, quota in order:
+            cg.write_quota(quota)
+        said = ", then ".join(f"{'pod' if cg is pod_cg else 'container'} {q / 1000:g} ms"
+                              for cg, q in order)  # fmt: skip
+        self.writes.append(f"{pod.name}: quota {old / 1000:g} → {new / 1000:g} ms per "
+                           f"{PERIOD_US // 1000} ms ({said})")  # fmt: skip
 
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
                  tb: TracebackType | None) -> None:  # fmt: skip
@@ -335,15 +399,20 @@ def wait_healthy(url: str, seconds: float = 20) -> None:
 
 @contextmanager
 def agent(kube: Kube, node: str, root: str, folder: Path) -> Iterator[tuple[int, int]]:
-    """``unthrottle agent`` for the fake node, naming cgroups through the API server: its
-    port and PID. It writes no burst: the demo writes it with the limit, as the kubelet writes
-    the quota (the agent grants none while the node's CPU is above its threshold, and the
-    workloads fill this machine)."""
+    """``unthrottle agent`` for the fake node, naming cgroups through the API server and
+    writing the burst that pod annotations ask for: its port and PID.
+
+    ``--burst-node-threshold 1``: its node safety (no burst while the node's CPU is above
+    the threshold, 0.5 by default) never holds a burst back here. It keeps a busy node's
+    idle CPU for its other tenants; on this 2-core machine the only burstable workload is
+    the one measured, and its own bursts (1.2 CPU and more) are what makes the machine
+    busy: at 0.5, the agent would take the burst away during the very run that measures
+    it (and beside another engineer's tests too)."""
     port = free_port()
     proc = subprocess.Popen(
         [str(UNTHROTTLE), "agent", "--kubeconfig", str(kube.plane.kubeconfig),
          "--node-name", node, "--kubepods-parent", root, "--listen", f"127.0.0.1:{port}",
-         "--period", "100ms", "--discover-every", "500ms", "--no-burst"],
+         "--period", "100ms", "--discover-every", "500ms", "--burst-node-threshold", "1"],
         stdout=subprocess.DEVNULL, stderr=(folder / "agent.log").open("w"),
     )  # fmt: skip
     try:
@@ -371,62 +440,132 @@ def named_by_agent(prometheus_url: str) -> list[str]:
 
 
 def measure(app: App, pod: Pod, layout: Any, cgroup: str) -> Any:
-    """The app's workload in its pod's container cgroup, under the pod's limit and burst."""
+    """The app's workload in its pod's container cgroup, as the kubelet and the agent left
+    it: the lab neither makes, writes nor removes it, and refuses to run if the kernel does
+    not hold the pod's limit and burst."""
     from unthrottle.lab.runner import LabOptions, run_run
 
     print(f"  {app.name}: {pod.settings().label()} …", flush=True)
     return run_run(app.scenario.workload.to_workload(), pod.settings(), layout,
-                   LabOptions(cgroup_name=cgroup))  # fmt: skip
+                   LabOptions(cgroup_name=cgroup, existing_cgroup=True))  # fmt: skip
 
 
-def operate(kube: Kube, prometheus_url: str) -> Path:
-    """The operator on the policy: Recommend mode, the report, then Apply mode."""
-    operator = reconciler(kube, prometheus_url)
+def recommend(kube: Kube, operator: Any) -> Path:
+    """The operator on the policy in Recommend mode; the report's path."""
     say("3. the operator: Recommend mode (nothing is patched)")
     policy = {"window": "10m", "targetThrottleRatio": TARGET,
               "selector": {"matchLabels": {"demo": "unthrottle"}}}  # fmt: skip
     show_status(reconcile(kube, operator, policy))
-    report = write_report(kube)
-    say("3. the operator: Apply mode (JSON Patches with their records)")
-    show_status(reconcile(kube, operator, {"mode": "Apply", "apply": {"maxConcurrent": 2}}))
-    return report
+    return write_report(kube)
 
 
-def compare(pods: dict[str, App], today: dict[str, Pod], now: dict[str, Pod],
+def canary_done_at(kube: Kube, deployment: str) -> float | None:
+    """When the Deployment's InPlace record says its canary's resize was reported done (0:
+    there is no record: the operator is not changing it)."""
+    from unthrottle.kube.patching import record_of
+
+    record = record_of(kube.get("apps/v1/deployments", NS, deployment) or {})
+    return 0.0 if record is None else record.canary_done_at
+
+
+def resize_in_place(kube: Kube, operator: Any, today: dict[str, Pod], tree: KubeletTree,
+                    timeout_s: float = 60) -> dict[str, Pod]:  # fmt: skip
+    """Apply mode, InPlace, reconciled again until every canary is resized; the pods then."""
+    from unthrottle.devtools.kube.kubelet import ResizingKubelet
+
+    say("4. the operator: Apply mode, apply.method InPlace: each running pod is resized "
+        "through its resize subresource (the canary first: here the one pod), the template "
+        "is not patched")  # fmt: skip
+    (node,) = {pod.node for pod in today.values()}
+    deadline = time.monotonic() + timeout_s
+    with ResizingKubelet(kube.plane, nodes=[node], actuate=tree.resize) as kubelet:
+        kubelet.sync()  # it reports the pods' resources: the API server allows resizes then
+        status = reconcile(kube, operator, IN_PLACE)
+        while any(canary_done_at(kube, name) is None for name in today):
+            if time.monotonic() > deadline:
+                show_status(status)
+                raise SystemExit(f"the canaries were not resized within {timeout_s:.0f} s")
+            time.sleep(0.5)
+            status = reconcile(kube, operator)
+    show_status(status)
+    for line in tree.writes:
+        print(f"  the kubelet (stand-in for kwok) resized {line}")
+    print("  (each canary's throttling is verified by the operator after apply.verifyFor, "
+          "15 min; the demo measures now)")  # fmt: skip
+    return {name: Pod.of(kube.get("v1/pods", NS, pod.name) or {}) for name, pod in today.items()}
+
+
+def burst_written(layout: Any, root: str, pods: dict[str, Pod], timeout_s: float = 20) -> None:
+    """Wait until the agent wrote each pod's burst (from the annotation the operator set)
+    into its container's cgroup and its pod's (the sum of its containers', here the one)."""
+    from unthrottle.cgroups import Cgroup
+
+    say("5. the node agent writes the burst the pods' annotations now ask for, into the same "
+        "cgroups")  # fmt: skip
+    deadline = time.monotonic() + timeout_s
+    for name, pod in pods.items():
+        cgroups = [Cgroup(layout, f"{root}/{p}") for p in (pod.container_cgroup, pod.cgroup)]
+        while (seen := [cg.read_bandwidth().burst_us for cg in cgroups]) != [pod.burst_us] * 2:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{name}: the agent did not write the burst of "
+                                 f"{pod.burst_us} µs (the cgroups have {seen})")  # fmt: skip
+            time.sleep(0.2)
+        print(f"  {name}: {pod.describe()}", flush=True)
+
+
+def kernel_settings(fig: Any) -> str:
+    """The limit and burst a run ran under, as the lab read them back from the cgroup."""
+    limit = fig.limit
+    return f"{format_cpu(round(limit['cpus'] * 1000))} / {limit.get('burst_ms', 0):g} ms"
+
+
+def figures(pod: Pod, root: str, fig: Any) -> dict[str, Any]:
+    return {"pod": pod.name, "uid": pod.uid, "container_id": pod.container_id,
+            "restarts": pod.restarts, "cgroup": f"{root}/{pod.container_cgroup}",
+            "limit_millicores": pod.limit_millicores, "burst_us": pod.burst_us,
+            "kernel": fig.limit, "throttle_ratio": fig.stat.throttle_ratio,
+            "p99_ms": fig.latency.p99}  # fmt: skip
+
+
+def compare(apps_: dict[str, App], root: str, today: dict[str, Pod], now: dict[str, Pod],
             before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
     """The before / after table, and its figures for the JSON."""
     rows, results = [], {}
-    for name in pods:
-        then, new = before[name], after[name]
-        results[name] = {
-            "before": {"pod": today[name].name, "limit_millicores": today[name].limit_millicores,
-                       "throttle_ratio": then.stat.throttle_ratio, "p99_ms": then.latency.p99},
-            "after": {"pod": now[name].name, "limit_millicores": now[name].limit_millicores,
-                      "burst_us": now[name].burst_us, "throttle_ratio": new.stat.throttle_ratio,
-                      "p99_ms": new.latency.p99},
-        }  # fmt: skip
-        for label, pod, fig in (("today", today[name], then), ("unthrottle", now[name], new)):
-            rows.append((name if label == "today" else "", label,
-                         f"{format_cpu(pod.limit_millicores)} / {pod.burst_us / 1000:g} ms",
-                         f"{fig.stat.throttle_ratio * 100:.0f} %",
+    for name in apps_:
+        results[name] = {"before": figures(today[name], root, before[name]),
+                         "after": figures(now[name], root, after[name])}  # fmt: skip
+        for label, pod, fig in (("today", today[name], before[name]),
+                                ("unthrottle", now[name], after[name])):  # fmt: skip
+            rows.append((name if label == "today" else "", label, pod.name, str(pod.restarts),
+                         kernel_settings(fig), f"{fig.stat.throttle_ratio * 100:.0f} %",
                          f"{fig.latency.p99:.1f} ms"))  # fmt: skip
-    say("6. before and after, measured on this kernel")
-    table(rows)
+    say("6. before and after, measured on this kernel, in the same pods' cgroups")
+    table(rows, ("workload", "settings", "pod", "restarts", "limit / burst",
+                 "throttled periods", "p99 latency"))  # fmt: skip
+    same = [n for n in apps_ if (now[n].uid, now[n].container_id, now[n].restarts)
+            == (today[n].uid, today[n].container_id, 0)]  # fmt: skip
+    restarted = len(apps_) - len(same)
+    if restarted:
+        print(f"  {restarted} pods restarted or replaced: "
+              f"{', '.join(n for n in apps_ if n not in same)}")  # fmt: skip
+    else:
+        print("  0 pods restarted: same pod UID, container ID and cgroup")
     return results
 
 
 def on_the_kernel(layout: Any, folder: Path, kube: Kube) -> None:
     pods = {app.name: app for app in apps()}
-    say("1. the Deployments, rolled out by the real Deployment controller onto the fake node")
+    say("1. the Deployments, rolled out by the real Deployment controller onto the fake node; "
+        "each pod's cgroups made as its kubelet makes them")  # fmt: skip
     for app in pods.values():
         kube.create("apps/v1/deployments", app.deployment())
     today = {name: pod_of(kube, name) for name in pods}
-    for name, pod in today.items():
-        print(f"  {name}: {pod.describe()}", flush=True)
     (node,) = {pod.node for pod in today.values()}
     root = f"unthrottle-demo-{os.getpid()}"
     with KubeletTree(layout, root) as tree:
         cgroups = {name: tree.add(pod) for name, pod in today.items()}  # before the agent looks
+        for name, pod in today.items():
+            print(f"  {name}: {pod.describe()}", flush=True)
         with (
             agent(kube, node, root, folder) as (port, pid),
             PrometheusServer(folder, scrape=scrape_config(port)) as prom,
@@ -435,19 +574,17 @@ def on_the_kernel(layout: Any, folder: Path, kube: Kube) -> None:
                 "a real Prometheus scrapes it")  # fmt: skip
             before = {n: measure(app, today[n], layout, cgroups[n]) for n, app in pods.items()}
             time.sleep(3)  # the last windows scraped
-            report = operate(kube, prom.url)
-            now = rolled_out(kube, list(pods), "4. ")
-            say("5. the new pods' cgroups get the new limit and burst (as the kubelet and the "
-                "agent write them); the workloads run again")  # fmt: skip
-            after = {}
-            for name, app in pods.items():
-                tree.remove(today[name])  # the old pod is gone, and its cgroup with it
-                after[name] = measure(app, now[name], layout, tree.add(now[name]))
+            operator = reconciler(kube, prom.url)
+            report = recommend(kube, operator)
+            now = resize_in_place(kube, operator, today, tree)
+            burst_written(layout, root, now)
+            print("  the workloads run again, in the same cgroups:")
+            after = {n: measure(app, now[n], layout, cgroups[n]) for n, app in pods.items()}
             time.sleep(2)  # the last windows scraped
             named = named_by_agent(prom.url)
             started = [*kube.plane.pids().values(), pid]  # the test checks that they end
     print(f"  the agent named, through the API: {', '.join(named)}")
-    results = compare(pods, today, now, before, after)
+    results = compare(pods, root, today, now, before, after)
     save({"target": TARGET, "workloads": results, "named": named, "report": str(report),
           "folder": str(folder), "pids": started})  # fmt: skip
     closing(kube, report, cgroups=True)
@@ -459,7 +596,6 @@ def on_the_kernel(layout: Any, folder: Path, kube: Kube) -> None:
 def on_the_model(folder: Path, kube: Kube) -> None:
     from shop import HEALTHY, THROTTLED, deployment, openmetrics, rehash
     from unthrottle.cfs.series import simulate_series
-    from unthrottle.cfs.settings import Bandwidth
     from unthrottle.metrics.evidence import fetch
 
     print("no root here: the cgroups cannot be written, so the loop runs over a day of "
@@ -477,7 +613,10 @@ def on_the_model(folder: Path, kube: Kube) -> None:
         report = write_report(kube)
         owners = operator.workloads.pod_owners([NS])
         found = fetch(operator.metrics, [NS], 12 * 3600, at=end, owners=owners)
-        say("the operator: Apply mode")
+        say(
+            "the operator: Apply mode, apply.method Rollout (no cgroup here for a resize to "
+            "change: `make demo` as root resizes the pods in place)"
+        )
         show_status(reconcile(kube, operator, {"mode": "Apply", "apply": {"maxConcurrent": 2}}))
     now = rolled_out(kube, names)
     rows = []

@@ -85,12 +85,13 @@ def _serving(port: int, tls: Tls) -> bool:
 
 
 @contextmanager
-def webhook_operator(kubeconfig: Path, tls: Tls, log: Path,
-                     namespaces: list[str]) -> Iterator[tuple[OperatorProcess, int]]:  # fmt: skip
+def webhook_operator(kubeconfig: Path, tls: Tls, log: Path, namespaces: list[str], *,
+                     prometheus: str = PROMETHEUS,
+                     ) -> Iterator[tuple[OperatorProcess, int]]:  # fmt: skip
     """``unthrottle operator`` watching ``namespaces``, its webhook on 127.0.0.1:port."""
     port = free_port()
     watch = [arg for ns in namespaces for arg in ("--namespace", ns)]
-    with OperatorProcess(kubeconfig, PROMETHEUS, log, *watch, "--webhook", f"127.0.0.1:{port}",
+    with OperatorProcess(kubeconfig, prometheus, log, *watch, "--webhook", f"127.0.0.1:{port}",
                          "--webhook-tls-dir", str(tls.folder)) as operator:  # fmt: skip
         deadline = time.monotonic() + 60
         while not _serving(port, tls):

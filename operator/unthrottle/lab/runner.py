@@ -17,6 +17,12 @@ One run, step by step:
 
 Only the workers run inside the cgroup; this process times and dispatches
 them from outside it.
+
+A run can also go into a cgroup that exists and outlives it (``existing_cgroup``): a
+container's, which its kubelet made with the pod and removes with it, and whose quota
+an in-place resize changes. Steps 2 and 6 then leave the cgroup alone (not created, its
+bandwidth not written, not removed): the run's settings are read back from it, and the
+counters are those of the run's span, as in a fresh one.
 """
 
 from __future__ import annotations
@@ -59,6 +65,11 @@ class LabOptions:
     cgroup_name: str = ""
     """The run cgroup's exact path below each mount (e.g. a container's in a kubelet-like
     tree, for the agent to find); default: a fresh ``unthrottle-lab-…`` in cgroup_parent."""
+    existing_cgroup: bool = False
+    """``cgroup_name`` exists and is not the lab's (a container's, kept by its kubelet for
+    the pod's life): used as it is, never created, written or removed. The run's settings
+    are read back from it; the workers are the only processes moved in, and leave it when
+    they end. A run whose cgroup changed settings meanwhile gives no figures (LabError)."""
 
 
 def run_scenario(
@@ -79,9 +90,56 @@ def run_scenario(
     return results
 
 
-def run_run(workload: Workload, run: RunSpec, layout: Layout, options: LabOptions) -> RunFigures:
-    """Measure one run in a fresh cgroup; the cgroup and the workers are gone afterwards."""
+def run_run(
+    workload: Workload, run: RunSpec | None, layout: Layout, options: LabOptions
+) -> RunFigures:
+    """Measure one run in a fresh cgroup; the cgroup and the workers are gone afterwards.
+
+    With ``options.existing_cgroup``, in that cgroup as it is: ``run`` None takes its
+    settings as they are; a ``run`` given is what the caller expects to find there, and a
+    cgroup holding other settings is refused (LabError naming both) before anything starts.
+    """
     return _measure(workload, run, layout, options, sample=False)[0]
+
+
+def settings_of(cgroup: Cgroup) -> RunSpec:
+    """The run settings a cgroup holds now: its quota, period and burst, read back."""
+    bandwidth = cgroup.read_bandwidth()
+    period_ms = bandwidth.period_us / 1000
+    try:
+        if bandwidth.quota_us is None:
+            return RunSpec(period_ms=period_ms)
+        return RunSpec(cpus=bandwidth.quota_us / bandwidth.period_us, period_ms=period_ms,
+                       burst_ms=bandwidth.burst_us / 1000)  # fmt: skip
+    except ValueError as error:  # pydantic's: settings no scenario could ask for
+        raise LabError(f"{cgroup.path}: {_text(bandwidth)} is no run's settings: {error}") from None
+
+
+def _text(bandwidth: Bandwidth) -> str:
+    if bandwidth.quota_us is None:
+        return f"no quota (period {bandwidth.period_us} µs)"
+    return (f"quota {bandwidth.quota_us} µs per {bandwidth.period_us} µs, "
+            f"burst {bandwidth.burst_us} µs")  # fmt: skip
+
+
+def _run_cgroup(run: RunSpec | None, layout: Layout, options: LabOptions) -> tuple[Cgroup, RunSpec]:
+    """The run's cgroup (not created yet, unless it is an existing one) and its settings."""
+    if not options.existing_cgroup:
+        if run is None:
+            raise ValueError("a run in a fresh cgroup needs its settings (a RunSpec)")
+        name = options.cgroup_name or (
+            f"{options.cgroup_parent}/unthrottle-lab-{os.getpid()}-{next(_names)}".strip("/")
+        )
+        return Cgroup(layout, name), run
+    if not options.cgroup_name:
+        raise ValueError("existing_cgroup: cgroup_name must name the cgroup")
+    cgroup = Cgroup(layout, options.cgroup_name)
+    if not cgroup.exists():
+        raise LabError(f"{cgroup.path}: no such cgroup (existing_cgroup: the lab makes none)")
+    found = settings_of(cgroup)
+    if run is not None and run.bandwidth() != found.bandwidth():
+        raise LabError(f"{cgroup.path} holds {found.label()}, not the {run.label()} expected")
+    return cgroup, found
 
 
 Watch = Callable[[Cgroup, int, int], Callable[[], None]]
@@ -90,7 +148,7 @@ Watch = Callable[[Cgroup, int, int], Callable[[], None]]
 
 def run_sampled(
     workload: Workload,
-    run: RunSpec,
+    run: RunSpec | None,
     layout: Layout,
     options: LabOptions,
     *,
@@ -107,22 +165,22 @@ def run_sampled(
 
 def _measure(
     workload: Workload,
-    run: RunSpec,
+    run: RunSpec | None,
     layout: Layout,
     options: LabOptions,
     *,
     sample: bool,
     watch: Watch | None = None,
 ) -> tuple[RunFigures, PeriodSamples | None]:
+    cgroup, run = _run_cgroup(run, layout, options)
     bandwidth = run.bandwidth()
-    name = options.cgroup_name or (
-        f"{options.cgroup_parent}/unthrottle-lab-{os.getpid()}-{next(_names)}".strip("/")
-    )
-    cgroup = Cgroup(layout, name)
+    ours = not options.existing_cgroup
     with Workers(workload.workers) as workers:
-        cgroup.create()
+        if ours:
+            cgroup.create()
         try:
-            cgroup.write_bandwidth(bandwidth)
+            if ours:
+                cgroup.write_bandwidth(bandwidth)
             for pid in workers.pids:
                 cgroup.add_process(pid)
             grid_ns = _calibrate(workers, bandwidth, cgroup) if bandwidth.limited else None
@@ -143,9 +201,14 @@ def _measure(
                     unwatch()
             after = cgroup.read_stat()
             read_at = time.monotonic_ns()
+            if not ours and (now := cgroup.read_bandwidth()) != bandwidth:
+                raise LabError(f"{cgroup.path}: its settings changed during the run "
+                               f"({_text(bandwidth)}, then {_text(now)}): the figures are of "
+                               "neither")  # fmt: skip
         finally:
             workers.close()
-            cgroup.remove()
+            if ours:
+                cgroup.remove()
     delta = _within_span(after - before, grid_ns, bandwidth.period_us * 1000, end, read_at)
     hz = kernel_hz()
     tick_ns = 1_000_000_000 // hz if hz else None

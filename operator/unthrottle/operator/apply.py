@@ -164,6 +164,8 @@ class Applier:
         meta = body["metadata"]
         namespace, policy = meta["namespace"], meta["name"]
         now = self.clock()
+        if self.inplace is not None:
+            self.inplace.wake_in_s = None
         out: dict[str, Outcome] = {}
         unreadable = None  # why VPAs cannot be read: then nothing is changed
         try:
@@ -229,6 +231,11 @@ class Applier:
         return out
 
     # -- holding back ------------------------------------------------------------------
+
+    @property
+    def wake_in_s(self) -> float | None:
+        """How soon the last run wants the next (None: at the policy's interval)."""
+        return None if self.inplace is None else self.inplace.wake_in_s
 
     def _held(self, body: dict[str, Any], spec: ThrottlePolicySpec, raw: dict[str, Any],
               record: Record | None, vpas: list[dict[str, Any]] | None,

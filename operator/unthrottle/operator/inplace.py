@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from unthrottle.kube.deployments import DeploymentStore, PatchRefused
+from unthrottle.kube.deployments import DeploymentStore, PatchConflict, PatchRefused
 from unthrottle.kube.inplace import (
     InPlaceError,
     annotation_patch,
@@ -57,6 +57,11 @@ _log = logging.getLogger("unthrottle.operator")
 Outcome = tuple[State, str | None]
 Event = Callable[[dict[str, Any], str, str, str], None]
 Worse = Callable[[float | None, float, float, float], bool]
+
+
+STEP_POLL_S = 2.0
+WRITE_ATTEMPTS = 3
+"""The next reconcile, while a pod's resize waits for its kubelet or the node agent."""
 
 
 class GiveUp(Exception):
@@ -85,6 +90,12 @@ class InPlace:
         self.metrics = metrics
         self.event = event
         self.worse = worse
+        self.wake_in_s: float | None = None
+        """How soon this reconcile's InPlace steps want the next one (None: the policy's
+        interval will do): a resize waits seconds for its kubelet, not an interval."""
+
+    def _soon(self, seconds: float) -> None:
+        self.wake_in_s = seconds if self.wake_in_s is None else min(self.wake_in_s, seconds)
 
     # -- the record ------------------------------------------------------------------------
 
@@ -95,16 +106,24 @@ class InPlace:
         A Deployment's generation rises with its annotations: the record keeps the one its
         own write gives, so a later change by someone else is seen as one."""
         meta = raw["metadata"]
-        fresh = self.deployments.get(meta["namespace"], meta["name"])
-        if fresh is None or (not first and record_text(fresh) != record_text(raw)):
-            return None
-        record = replace(record, generation=int(fresh["metadata"].get("generation") or 0) + 1)
-        try:
-            return self.deployments.json_patch(meta["namespace"], meta["name"],
-                                               record_patch(fresh, record))  # fmt: skip
-        except Exception as error:  # a conflict or a failed call: re-read next cycle
-            _log.info("record of %s/%s not written: %s", meta["namespace"], meta["name"], error)
-            return None
+        for _ in range(WRITE_ATTEMPTS):
+            fresh = self.deployments.get(meta["namespace"], meta["name"])
+            if fresh is None or (not first and record_text(fresh) != record_text(raw)):
+                return None
+            record = replace(record, generation=int(fresh["metadata"].get("generation") or 0) + 1)
+            try:
+                return self.deployments.json_patch(meta["namespace"], meta["name"],
+                                                   record_patch(fresh, record))  # fmt: skip
+            except PatchConflict:
+                # the Deployment controller writes the status after each of our writes (the
+                # annotation moves the generation): the record is still ours, read again
+                continue
+            except Exception as error:  # a failed call: re-read on the next step
+                _log.info("record of %s/%s not written: %s", meta["namespace"], meta["name"],
+                          error)  # fmt: skip
+                break
+        self._soon(STEP_POLL_S)
+        return None
 
     # -- one pod ---------------------------------------------------------------------------
 
@@ -215,6 +234,7 @@ class InPlace:
             return State.VERIFYING, f"the canary pod {record.canary} is gone: {pick} is the canary"
         step = self.drive(canary, record, undo=False)
         if not step.done:
+            self._soon(STEP_POLL_S)
             return State.VERIFYING, f"canary: {step.message}"
         if record.canary_done_at is None:
             record = replace(record, canary_done_at=now)
@@ -227,6 +247,7 @@ class InPlace:
         assert record.canary_done_at is not None
         ready_at = record.canary_done_at + spec.apply.verify_for_s
         if now < ready_at:
+            self._soon(ready_at - now)
             return State.VERIFYING, (f"canary pod {record.canary} resized in place; verifying "
                                      f"its throttling until {_iso(ready_at)}")  # fmt: skip
         namespace = raw["metadata"]["namespace"]
@@ -284,6 +305,7 @@ class InPlace:
             raw = written
             waiting += [self.drive(live[name], record, undo=False).message for name in start]
         if waiting or untouched[room:]:
+            self._soon(STEP_POLL_S)
             left = len(untouched) - len(start)
             more = f"; {left} more after these" if left else ""
             return State.VERIFYING, (f"canary passed; resizing the rest "
@@ -312,6 +334,7 @@ class InPlace:
             if not step.done:
                 waiting.append(step.message)
         if waiting:
+            self._soon(STEP_POLL_S)
             return State.VERIFYING, f"rolling back in place ({record.undo}): {'; '.join(waiting)}"
         done = replace(record, verdict="RolledBack", verdict_at=now, verdict_reason=record.undo)
         if self.write(raw, done) is None:

@@ -163,6 +163,9 @@ class Reconciler:
         self._events(body, memory, result, view, conflicts, decisions)
         memory.failures, memory.last_fault = 0, None
         self.telemetry.states(uid_of(body), view.states)
+        wake = self.applier.wake_in_s if overrides is not None and self.applier else None
+        if wake is not None:  # an in-place resize in progress: its next step is seconds away
+            return Outcome(next_in_s=max(1.0, min(float(spec.interval_s), wake)))
         return Outcome(next_in_s=float(spec.interval_s))
 
     def _timed(self, step: str, body: dict[str, Any], run: Callable[[], Any]) -> Any:

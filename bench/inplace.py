@@ -1,0 +1,594 @@
+"""Apply in place against a rollout: how soon every pod runs under the new CPU quota, how many
+pods restart, and what the operator asks of the API server (docs/benchmarks.md §13).
+
+    .venv/bin/python bench/inplace.py [--repeats 5] [--quick] [--save bench/results/inplace.json]
+
+The real control plane (``unthrottle.devtools.kube``, started once, ended by PID), a fresh
+namespace per run with throttled Deployments (``tests/shop.py``) that the real Deployment
+controller rolled out onto kwok's fake nodes, a real Prometheus with their history, and the
+operator's :class:`~unthrottle.operator.reconcile.Reconciler` (``tests/test_apply.py``'s
+``World``) on a clock the script moves, talking to the API server through the recording proxy
+of ``tests/kube_faults.py``. The kubelet's part of a resize is played by
+:class:`~unthrottle.devtools.kube.kubelet.ResizingKubelet` (in both methods, so the machine
+carries the same stand-in either way).
+
+The operator's cadence is its own: after each reconcile the script waits what the reconcile
+asked (``Outcome.next_in_s``) in wall time when that is short (≤ 10 s: a resize waiting for
+its kubelet), and moves the clock instead when it is long (``verifyFor``, the policy's
+``interval``), after waiting for what runs in real time (a rollout, a resize) to finish.
+Times "equivalent" add the clock's jumps to the wall time: what a user would wait.
+
+End points of "the new quota is in the cgroup" of a pod:
+
+- **InPlace**: the stand-in kubelet calls ``actuate(pod, container, resources)`` where the
+  kubelet writes the container's cgroup; its time is taken there;
+- **Rollout**: a new pod's containers get their cgroup when the kubelet creates them, before
+  the pod runs; on kwok the first sign is the pod ``Running`` and ``Ready`` (a watch event).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import http.client
+import json
+import os
+import socket
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "tests")]
+from kube import Kube  # noqa: E402
+from kube_faults import FaultProxy  # noqa: E402
+from shop import Workload, deploy, openmetrics  # noqa: E402
+from test_apply import World  # noqa: E402
+from unthrottle.cfs.settings import parse_cpu  # noqa: E402
+from unthrottle.devtools.kube import ControlPlane, ensure_built  # noqa: E402
+from unthrottle.devtools.kube.kubelet import ResizingKubelet  # noqa: E402
+from unthrottle.devtools.prometheus import PrometheusServer  # noqa: E402
+from unthrottle.kube.patching import Record, record_of  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results" / "inplace.json"
+HOUR = 3600
+NOW = int(time.time()) // 60 * 60
+T0 = NOW - 3 * HOUR
+"""The clock at the first reconcile: the history ends here, the canary's own series start."""
+POLICIES = "unthrottle.io/v1alpha1/throttlepolicies"
+PART_OF = {"app.kubernetes.io/part-of": "bench"}
+VERIFY_FOR = "1m"  # the least a policy may say
+HELPED = {"limit": 1.3}
+"""The counters after the change: the bursts fit (so the canary and the rollout pass)."""
+SLEEP_CAP_S = 10.0
+"""A wait the operator asks for up to this long is slept; a longer one moves the clock."""
+MAX_TICKS, MAX_WALL_S = 150, 900.0
+Pods = dict[str, dict[str, Any]]
+"""Pods by name."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    deployments: int
+    pods: int
+    method: str
+    max_concurrent: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.deployments}x{self.pods} {self.method} maxConcurrent={self.max_concurrent}"
+
+
+SCENARIOS = [
+    Scenario(3, 4, "Rollout", 4), Scenario(3, 4, "Rollout", 1),
+    Scenario(3, 4, "InPlace", 1), Scenario(3, 4, "InPlace", 4),
+    Scenario(1, 20, "Rollout", 1), Scenario(1, 20, "InPlace", 1), Scenario(1, 20, "InPlace", 4),
+]  # fmt: skip
+
+
+class BenchError(RuntimeError):
+    """A run that did not reach a verdict for every Deployment."""
+
+
+# -- what the script watches ------------------------------------------------------------------
+
+
+class TimedProxy(FaultProxy):
+    """The recording proxy, with the time each request arrived (monotonic)."""
+
+    def __init__(self, kube: Kube) -> None:
+        super().__init__(kube)
+        self.times: list[tuple[float, str, str]] = []
+
+    async def _handle(self, request: Any) -> Any:
+        self.times.append((time.monotonic(), request.method, request.path))
+        return await super()._handle(request)
+
+
+@dataclass
+class Actuations:
+    """The stand-in kubelet's cgroup writes: (time, pod, uid, container, CPU limit in m)."""
+
+    seen: list[tuple[float, str, str, str, int | None]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __call__(self, pod: dict[str, Any], container: str, new: dict[str, Any]) -> None:
+        cpu = (new.get("limits") or {}).get("cpu")
+        with self.lock:
+            self.seen.append((time.monotonic(), pod["metadata"]["name"], pod["metadata"]["uid"],
+                              container, None if cpu is None else parse_cpu(cpu)))  # fmt: skip
+
+
+@dataclass
+class PodSeen:
+    name: str
+    app: str
+    ready_at: float | None = None
+    deleted_at: float | None = None
+
+
+class PodWatch:
+    """A watch of one namespace's pods from the admin (not through the proxy): when each pod
+    first shows ``Running`` and ``Ready``, and when it is gone."""
+
+    def __init__(self, plane: ControlPlane, namespace: str) -> None:
+        self.plane, self.namespace = plane, namespace
+        self.pods: dict[str, PodSeen] = {}
+        self._sock: socket.socket | None = None
+        self._conn: http.client.HTTPSConnection | None = None
+        self._thread = threading.Thread(target=self._read, name="pod-watch", daemon=True)
+
+    def __enter__(self) -> PodWatch:
+        status, listed = self.plane.request("GET", f"/api/v1/namespaces/{self.namespace}/pods")
+        assert status == 200, listed
+        for pod in listed["items"]:
+            self._saw("ADDED", pod, None)
+        url = urlsplit(self.plane.server)
+        tls = ssl.create_default_context(cafile=str(self.plane.pki.ca))
+        tls.load_cert_chain(*map(str, self.plane.pki.admin))
+        self._conn = http.client.HTTPSConnection(url.hostname or "", url.port, context=tls)
+        rv = listed["metadata"]["resourceVersion"]
+        query = f"watch=1&resourceVersion={rv}&timeoutSeconds={int(MAX_WALL_S) + 600}"
+        self._conn.request("GET", f"/api/v1/namespaces/{self.namespace}/pods?{query}")
+        self._sock = self._conn.sock
+        self._response = self._conn.getresponse()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)
+        self._thread.join(10)
+        if self._conn is not None:
+            self._conn.close()
+
+    def _read(self) -> None:
+        try:
+            for line in iter(self._response.readline, b""):
+                if line.strip():
+                    event = json.loads(line)
+                    self._saw(event["type"], event["object"], time.monotonic())
+        except (OSError, ValueError, http.client.HTTPException):
+            return  # ended by __exit__
+
+    def _saw(self, kind: str, pod: dict[str, Any], at: float | None) -> None:
+        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+        if "uid" not in meta:
+            return
+        seen = self.pods.setdefault(
+            meta["uid"], PodSeen(meta["name"], (meta.get("labels") or {}).get("app", ""))
+        )
+        ready = status.get("phase") == "Running" and any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in status.get("conditions") or [])  # fmt: skip
+        if ready and seen.ready_at is None:
+            seen.ready_at = at if at is not None else 0.0  # 0: ready before the watch
+        if kind == "DELETED" and at is not None:
+            seen.deleted_at = at
+
+
+def machine() -> dict[str, Any]:
+    """The machine now: load average, CPU counters, other test runs and control planes."""
+    with open("/proc/stat") as stat:
+        cpu = [int(x) for x in stat.readline().split()[1:]]
+    mine = {str(os.getpid())}
+    pytests = apiservers = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or entry.name in mine:
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        pytests += any(a.endswith(b"pytest") for a in args[:2])
+        apiservers += args[0].endswith(b"kube-apiserver")
+    return {"t": time.monotonic(), "load": os.getloadavg(), "busy": sum(cpu) - sum(cpu[3:5]),
+            "total": sum(cpu), "pytest_runs": pytests, "apiservers": apiservers}  # fmt: skip
+
+
+def load_between(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    share = (b["busy"] - a["busy"]) / max(1, b["total"] - a["total"])
+    return {"busy_cores": round(share * (os.cpu_count() or 1), 2),
+            "load_1m": [round(a["load"][0], 2), round(b["load"][0], 2)],
+            "other_pytest_runs": max(a["pytest_runs"], b["pytest_runs"]),
+            "kube_apiservers": max(a["apiservers"], b["apiservers"])}  # fmt: skip
+
+
+# -- one run ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Tick:
+    began: float
+    ended: float
+    clock: float
+    next_in_s: float
+    fault: str | None
+    states: dict[str, str] = field(default_factory=dict)
+    """Each Deployment's state in the policy's status after the reconcile."""
+
+
+class Drive:
+    """Reconciles the policy at the operator's own cadence until every Deployment has a
+    verdict; long waits move the clock (after what runs in real time has finished)."""
+
+    def __init__(self, world: World, kubelet: ResizingKubelet, names: list[str]) -> None:
+        self.world, self.kubelet, self.names = world, kubelet, names
+        self.start = time.monotonic()
+        self.skipped = 0.0
+        self.skips: list[tuple[float, float]] = []  # (wall time, seconds the clock jumped)
+        self.ticks: list[Tick] = []
+        self.verdict_tick: dict[str, int] = {}
+        self.histories: set[str] = set()  # Deployments whose new pods have their history
+
+    def clock(self) -> float:
+        return T0 + (time.monotonic() - self.start) + self.skipped
+
+    def records(self) -> dict[str, Record | None]:
+        return {n: record_of(self.world.deployment(n)) for n in self.names}
+
+    def run(self) -> dict[str, Record | None]:
+        while True:
+            self.world.clock.now = at = self.clock()
+            body = self.world.kube.get(POLICIES, self.world.stage, "bench")
+            began = time.monotonic()
+            outcome = self.world.reconciler.reconcile(body)
+            ended = time.monotonic()
+            status = self.world.status("bench").get("workloads") or []
+            states = {w["deployment"]: w["state"] for w in status}
+            self.ticks.append(Tick(began, ended, at, outcome.next_in_s, outcome.fault, states))
+            records = self.records()
+            for name, r in records.items():
+                if r is not None and r.verdict and name not in self.verdict_tick:
+                    self.verdict_tick[name] = len(self.ticks) - 1
+            if len(self.verdict_tick) == len(self.names):
+                return records
+            if len(self.ticks) >= MAX_TICKS or time.monotonic() - self.start > MAX_WALL_S:
+                raise BenchError(f"no verdict after {len(self.ticks)} reconciles: {records}")
+            if outcome.next_in_s <= SLEEP_CAP_S:
+                time.sleep(outcome.next_in_s)
+                continue
+            self.settle(records)
+            jump = at + outcome.next_in_s - self.clock()
+            if jump > 0:
+                self.skips.append((time.monotonic(), jump))
+                self.skipped += jump
+
+    def settle(self, records: dict[str, Record | None]) -> None:
+        """Before the clock jumps: rollouts done (and their new pods given history, which the
+        verdict reads), resizes sent acted on."""
+        self.kubelet.sync()
+        news = []
+        for name, r in records.items():
+            if r is None or r.method != "Rollout" or r.verdict or name in self.histories:
+                continue
+            deployment = self.world.kube.rolled_out(self.world.stage, name, timeout_s=120)
+            rs = self.world.kube.replicaset_of(deployment)
+            for w in self.world.containers[name]:
+                hashed = replace(w, template_hash=rs["metadata"]["labels"]["pod-template-hash"])
+                news.append(replace(hashed, names=made_up(hashed, "n"), **HELPED))
+            self.histories.add(name)
+        if news:
+            self.world.add_history(openmetrics(news, NOW, span=NOW - (T0 + 1), step=15))
+
+    def equiv(self, t: float) -> float:
+        """Wall time ``t`` plus the clock's jumps before it."""
+        return t + sum(s for when, s in self.skips if when <= t)
+
+    def tick_of(self, t: float) -> Tick:
+        return [k for k in self.ticks if k.began <= t][-1]
+
+
+def made_up(w: Workload, tag: str) -> tuple[str, ...]:
+    """Names of pods gone by now, as many as the Deployment has."""
+    return tuple(f"{w.replicaset}-{tag}{i:03d}x" for i in range(w.pods))
+
+
+def workloads(s: Scenario) -> list[Workload]:
+    return [Workload("bench", f"app-{i}", 0.1, 0.10, 1.2, 0.5, s.pods, dict(PART_OF))
+            for i in range(s.deployments)]  # fmt: skip
+
+
+def serving(kube: Kube, namespace: str) -> Pods:
+    """The namespace's pods by name, once the stand-in kubelet reports each one's resources
+    (a resize is refused before: 'Pod running on node without support for resize')."""
+
+    def listed() -> list[dict[str, Any]]:
+        return kube.list("v1/pods", namespace)
+
+    def reported(pods: list[dict[str, Any]]) -> bool:
+        return all(s.get("resources") for p in pods
+                   for s in p["status"].get("containerStatuses") or [{}])  # fmt: skip
+
+    return {p["metadata"]["name"]: p for p in kube.until("pods reported", listed, reported)}
+
+
+def history(placed: list[Workload], pods: Pods, method: str) -> str:
+    """The Deployments' throttled past up to T0; for InPlace also the canary's own counters
+    from T0 on, 15 s apart (its verdict reads the last ``verifyFor``)."""
+    out = openmetrics([replace(w, names=made_up(w, "h")) for w in placed], T0, span=2 * HOUR)
+    if method == "InPlace":
+        for w in placed:
+            canary = sorted(n for n, p in pods.items() if p["metadata"]["labels"]["app"] == w.name)
+            one = replace(w, names=(canary[0],), pods=1, **HELPED)
+            out += openmetrics([one], NOW, span=NOW - (T0 + 1), step=15)
+    return out
+
+
+def run_once(plane: ControlPlane, kube: Kube, s: Scenario, folder: Path) -> dict[str, Any]:
+    before_load = machine()
+    placed = deploy(kube, workloads(s))
+    namespace = placed[0].namespace
+    actuations = Actuations()
+    try:
+        with (ResizingKubelet(plane, actuate=actuations) as kubelet, TimedProxy(kube) as proxy,
+              PodWatch(plane, namespace) as watch):  # fmt: skip
+            pods = serving(kube, namespace)
+            prom = PrometheusServer(folder, openmetrics=history(placed, pods, s.method))
+            world = World(kube, proxy, prom.__enter__(), folder, placed, namespace)
+            try:
+                world.policy("bench", "bench", apply={
+                    "method": s.method, "maxConcurrent": s.max_concurrent,
+                    "verifyFor": VERIFY_FOR})  # fmt: skip
+                drive = Drive(world, kubelet, [w.name for w in placed])
+                records = drive.run()
+            finally:  # the one running now (history added restarts it), and the first
+                world.prom.__exit__(None, None, None)
+                prom.__exit__(None, None, None)
+            after = {p["metadata"]["name"]: p for p in kube.list("v1/pods", namespace)}
+            result = measure(s, drive, records, pods, after, proxy, watch, actuations)
+    finally:
+        kube.delete("v1/namespaces", None, namespace)
+    result["machine"] = load_between(before_load, machine())
+    return result
+
+
+# -- what a run shows -------------------------------------------------------------------------
+
+
+def _limit(pod: dict[str, Any], where: str = "spec") -> int | None:
+    if where == "spec":
+        res = pod["spec"]["containers"][0].get("resources") or {}
+    else:
+        res = (pod["status"].get("containerStatuses") or [{}])[0].get("resources") or {}
+    cpu = (res.get("limits") or {}).get("cpu")
+    return None if cpu is None else parse_cpu(cpu)
+
+
+def _kind(method: str, path: str) -> str:
+    """``PATCH pods/resize``, ``GET deployments``, ``GET pods (list)`` …"""
+    parts = path.strip("/").split("/")
+    if "namespaces" in parts and len(parts) > parts.index("namespaces") + 2:
+        parts = parts[parts.index("namespaces") + 2 :]
+    else:
+        parts = parts[2:] if parts[0] == "api" else parts[3:]
+    resource = parts[0] if parts else "?"
+    sub = f"/{parts[2]}" if len(parts) > 2 else ""
+    return f"{method} {resource}{sub}{'' if len(parts) > 1 else ' (list)'}"
+
+
+def requests(proxy: TimedProxy) -> dict[str, Any]:
+    by_method = collections.Counter(m for _, m, _ in proxy.times)
+    by_kind = collections.Counter(_kind(m, p) for _, m, p in proxy.times)
+    return {"total": len(proxy.times), "by_method": dict(sorted(by_method.items())),
+            "by_kind": dict(sorted(by_kind.items()))}  # fmt: skip
+
+
+def restarted(before: Pods, after: Pods) -> dict[str, int]:
+    uids = {p["metadata"]["uid"]: p for p in after.values()}
+    replaced = sum(p["metadata"]["uid"] not in uids for p in before.values())
+
+    def count(pod: dict[str, Any]) -> int:
+        return sum(int(c.get("restartCount") or 0) for c in pod["status"].get("containerStatuses")
+                   or [])  # fmt: skip
+
+    more = sum(count(uids[p["metadata"]["uid"]]) - count(p) for p in before.values()
+               if p["metadata"]["uid"] in uids)  # fmt: skip
+    return {"pods_replaced": replaced, "container_restarts": more}
+
+
+def measure(s: Scenario, drive: Drive, records: dict[str, Record | None], before: Pods,
+            after: Pods, proxy: TimedProxy, watch: PodWatch,
+            actuations: Actuations) -> dict[str, Any]:  # fmt: skip
+    per: dict[str, dict[str, Any]] = {}
+    for name, record in records.items():
+        assert record is not None
+        if s.method == "InPlace":
+            per[name] = inplace_times(drive, name, record, before, proxy, actuations)
+        else:
+            per[name] = rollout_times(drive, name, record, before, proxy, watch)
+        verdict = drive.ticks[drive.verdict_tick[name]]
+        per[name]["verdict"] = record.verdict
+        decided = drive.equiv(per[name]["_decision"])
+        per[name]["applied_equiv_s"] = round(drive.equiv(verdict.ended) - decided, 3)
+    wanted = {n: r.containers[0].after.cpu_limit for n, r in records.items() if r is not None}
+    right = bool(after) and all(_limit(p) == wanted[p["metadata"]["labels"]["app"]]
+                                for p in after.values())  # fmt: skip
+    if s.method == "InPlace":
+        right = right and all(_limit(p, "status") == _limit(p) for p in after.values())
+    first = min(v.pop("_decision") for v in per.values())
+    last = max(v.pop("_last") for v in per.values())
+    return {
+        "scenario": s.key, "deployments": per, "pods_at_new_limit": right,
+        "every_pod_of_every_deployment_equiv_s": round(drive.equiv(last) - drive.equiv(first), 3),
+        "reconciles": len(drive.ticks), "faults": [t.fault for t in drive.ticks if t.fault],
+        "clock_jumped_s": round(drive.skipped, 1), "requests": requests(proxy),
+        "ticks": [{"wall_s": round(t.began - drive.start, 2), "took_s": round(t.ended - t.began, 2),
+                   "clock_s": round(t.clock - T0, 1), "next_in_s": round(t.next_in_s, 1),
+                   "states": t.states} for t in drive.ticks],
+        **restarted(before, after),
+    }  # fmt: skip
+
+
+def _common(drive: Drive, sent: float) -> dict[str, Any]:
+    tick = drive.tick_of(sent)
+    return {"_decision": tick.began,
+            "decision_reconcile_s": round(tick.ended - tick.began, 3),
+            "sent_s": round(sent - tick.began, 3)}  # fmt: skip
+
+
+def inplace_times(drive: Drive, name: str, record: Record, before: Pods,
+                  proxy: TimedProxy, actuations: Actuations) -> dict[str, Any]:  # fmt: skip
+    mine = {n for n, p in before.items() if p["metadata"]["labels"]["app"] == name}
+    resizes = [(t, p.split("/")[-2]) for t, m, p in proxy.times
+               if m == "PATCH" and p.endswith("/resize") and p.split("/")[-2] in mine]  # fmt: skip
+    target = record.containers[0].after.cpu_limit
+    done = {}
+    for t, pod, _, _, limit in actuations.seen:
+        if pod in mine and limit == target:
+            done.setdefault(pod, t)
+    out = _common(drive, resizes[0][0])
+    decision = drive.tick_of(resizes[0][0]).began
+    canary = record.canary or ""
+    verdict = drive.tick_of(next(t for t, pod in resizes if pod != canary)).began
+    rest = [t for pod, t in done.items() if pod != canary]
+    out.update({
+        "canary_s": round(done[canary] - decision, 3),
+        "canary_after_sent_s": round(done[canary] - resizes[0][0], 3),
+        "rest_from_verdict_s": round(max(rest) - verdict, 3),
+        "every_pod_equiv_s": round(drive.equiv(max(done.values())) - drive.equiv(decision), 3),
+        "pods_resized": len(done), "resize_requests": len(resizes), "_last": max(done.values()),
+    })  # fmt: skip
+    return out
+
+
+def rollout_times(drive: Drive, name: str, record: Record, before: Pods,
+                  proxy: TimedProxy, watch: PodWatch) -> dict[str, Any]:  # fmt: skip
+    patches = [t for t, m, p in proxy.times if m == "PATCH" and p.endswith(f"/deployments/{name}")]
+    olds = {p["metadata"]["uid"] for p in before.values() if p["metadata"]["labels"]["app"] == name}
+    news = [p for uid, p in watch.pods.items() if p.app == name and uid not in olds]
+    ready = sorted(p.ready_at for p in news if p.ready_at)
+    gone = [p.deleted_at for uid, p in watch.pods.items() if uid in olds and p.deleted_at]
+    out = _common(drive, patches[0])
+    decision = drive.tick_of(patches[0]).began
+    out.update({
+        "first_new_pod_ready_s": round(ready[0] - decision, 3),
+        "every_pod_equiv_s": round(drive.equiv(ready[-1]) - drive.equiv(decision), 3),
+        "old_pods_gone_s": round(max(gone) - decision, 3) if len(gone) == len(olds) else None,
+        "new_pods": len(news), "_last": ready[-1],
+    })  # fmt: skip
+    return out
+
+
+# -- the runs and their summary ---------------------------------------------------------------
+
+
+def spread(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
+            "max": round(max(values), 3), "n": len(values)}  # fmt: skip
+
+
+def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per scenario: each figure's median, min and max over runs (per Deployment: pooled)."""
+    out: dict[str, Any] = {}
+    for key in dict.fromkeys(r["scenario"] for r in runs):
+        mine = [r for r in runs if r["scenario"] == key and "error" not in r]
+        deps = [d for r in mine for d in r["deployments"].values()]
+        numbers = sorted({k for d in deps for k, v in d.items() if isinstance(v, int | float)})
+        methods = sorted({m for r in mine for m in r["requests"]["by_method"]})
+        out[key] = {
+            "runs": len(mine), "failed": sum(r["scenario"] == key and "error" in r for r in runs),
+            "per_deployment": {k: spread([d[k] for d in deps if d.get(k) is not None])
+                               for k in numbers},
+            "every_pod_of_every_deployment_equiv_s": spread(
+                [r["every_pod_of_every_deployment_equiv_s"] for r in mine]),
+            "pods_replaced": spread([r["pods_replaced"] for r in mine]),
+            "container_restarts": spread([r["container_restarts"] for r in mine]),
+            "reconciles": spread([r["reconciles"] for r in mine]),
+            "requests_total": spread([r["requests"]["total"] for r in mine]),
+            "requests_by_method": {m: spread([r["requests"]["by_method"].get(m, 0) for r in mine])
+                                   for m in methods},
+            "all_pods_at_new_limit": all(r["pods_at_new_limit"] for r in mine),
+            "busy_cores": spread([r["machine"]["busy_cores"] for r in mine]),
+        }  # fmt: skip
+    return out
+
+
+def code_state() -> dict[str, Any]:
+    """The commit measured, and whether the operator's code differed from it (read only)."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                              check=False)  # fmt: skip
+        return done.stdout.strip()
+
+    from unthrottle.operator import inplace
+
+    return {"commit": git("rev-parse", "--short", "HEAD"),
+            "operator_files_changed": git("diff", "--name-only", "--", "operator").split(),
+            "inplace_step_poll_s": getattr(inplace, "STEP_POLL_S", None)}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="one run of each scenario")
+    parser.add_argument("--only", help="run only the scenarios whose key contains this")
+    parser.add_argument("--save", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    repeats = 1 if args.quick else args.repeats
+    chosen = [s for s in SCENARIOS if not args.only or args.only in s.key]
+    started, runs = time.monotonic(), []
+    at_start = machine()
+    with (tempfile.TemporaryDirectory(prefix="unthrottle-inplace-") as top,
+          ControlPlane(Path(top) / "control-plane", binaries=ensure_built()) as plane):  # fmt: skip
+        plane.install_crds(ROOT / "crds" / "throttlepolicy.yaml")
+        kube = Kube(plane)
+        for rep in range(repeats):  # every scenario once per round: drifting load hits all
+            for s in chosen:
+                with tempfile.TemporaryDirectory(dir=top) as folder:
+                    try:
+                        result = run_once(plane, kube, s, Path(folder))
+                    except Exception as error:  # one bad run is a figure, not the end
+                        traceback.print_exc()
+                        result = {"scenario": s.key, "error": f"{type(error).__name__}: "
+                                  f"{str(error)[:500]}"}  # fmt: skip
+                result["repeat"] = rep
+                runs.append(result)
+                print(json.dumps(result), flush=True)
+        version = plane.version
+    out = {"date": time.strftime("%Y-%m-%d"), "cpus": os.cpu_count(), "control_plane": version,
+           "code": code_state(), "verify_for": VERIFY_FOR, "repeats": repeats,
+           "wall_s": round(time.monotonic() - started, 1),
+           "machine": load_between(at_start, machine()),
+           "summary": summary(runs), "runs": runs}  # fmt: skip
+    print(json.dumps(out["summary"], indent=1))
+    args.save.parent.mkdir(exist_ok=True)
+    args.save.write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
