@@ -459,13 +459,32 @@ def recommend(kube: Kube, operator: Any) -> Path:
     return write_report(kube)
 
 
+def record(kube: Kube, deployment: str) -> Any:
+    """The Deployment's record (``unthrottle.io/last-applied``), or None."""
+    from unthrottle.kube.patching import record_of
+
+    return record_of(kube.get("apps/v1/deployments", NS, deployment) or {})
+
+
 def canary_done_at(kube: Kube, deployment: str) -> float | None:
     """When the Deployment's InPlace record says its canary's resize was reported done (0:
     there is no record: the operator is not changing it)."""
-    from unthrottle.kube.patching import record_of
+    found = record(kube, deployment)
+    return 0.0 if found is None else found.canary_done_at
 
-    record = record_of(kube.get("apps/v1/deployments", NS, deployment) or {})
-    return 0.0 if record is None else record.canary_done_at
+
+def show_applied(kube: Kube, status: dict[str, Any]) -> None:
+    """Each Deployment's state, and what its record says was applied (the recommendation in
+    the status moves on with the evidence; the record keeps what was done)."""
+    for w in status.get("workloads", []):
+        found = record(kube, w["deployment"])
+        changes = found.containers if found else ()
+        done = [f"{c.name} limit {format_cpu(c.before.cpu_limit or 0)} → "
+                f"{format_cpu(c.after.cpu_limit or 0)}, burst {c.before.burst_us / 1000:g} → "
+                f"{c.after.burst_us / 1000:g} ms" for c in changes]  # fmt: skip
+        how = f"{found.method}: " if found else ""
+        print(f"  {w['deployment']:<8} {w['state']:<11} {how}{'; '.join(done) or 'unchanged'}"
+              f"  ({w['message'] or ''})")  # fmt: skip
 
 
 def resize_in_place(kube: Kube, operator: Any, today: dict[str, Pod], tree: KubeletTree,
@@ -487,7 +506,7 @@ def resize_in_place(kube: Kube, operator: Any, today: dict[str, Pod], tree: Kube
                 raise SystemExit(f"the canaries were not resized within {timeout_s:.0f} s")
             time.sleep(0.5)
             status = reconcile(kube, operator)
-    show_status(status)
+    show_applied(kube, status)
     for line in tree.writes:
         print(f"  the kubelet (stand-in for kwok) resized {line}")
     print("  (each canary's throttling is verified by the operator after apply.verifyFor, "

@@ -10,6 +10,7 @@ the ReplicaSet controller keeps the pods, Prometheus serves each pod's history."
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -24,7 +25,7 @@ from test_apply import NOW, T0, World, running
 from unthrottle.cfs.settings import parse_cpu
 from unthrottle.devtools.kube import ControlPlane, fake_node
 from unthrottle.devtools.kube.kubelet import ResizingKubelet
-from unthrottle.kube.patching import RECORD_ANNOTATION, Record
+from unthrottle.kube.patching import RECORD_ANNOTATION, Record, burst_text
 
 pytestmark = requires_prometheus
 PODS = "v1/pods"
@@ -287,3 +288,75 @@ def test_a_resize_the_node_cannot_fit_gives_up_or_rolls_out(
             assert record.method == "Rollout"
             limits = deployment["spec"]["template"]["spec"]["containers"][0]["resources"]
             assert parse_cpu(limits["limits"]["cpu"]) == record.containers[0].after.cpu_limit
+
+
+CALM = Workload("stage", "api", 0.3, 0.0, 0.0, 1.0, 1, {"app.kubernetes.io/part-of": "ip"})
+"""A steady 0.3 core (up to 0.6) under 1 CPU with a burst of 90 ms: never throttled, so
+the recommendation lowers the limit, under the burst in force."""
+
+
+def _burst_gauge(ip: InPlaceWorld, pod: str, seconds: float, start: int, end: int) -> None:
+    """The node agent's reading of the pod's burst, from ``start`` to ``end``, into
+    Prometheus (as it would have scraped it)."""
+    labels = f'namespace="{ip.stage}",pod="{pod}",container="app"'
+    ip.world.add_history("".join(f"unthrottle_cpu_cfs_burst_seconds{{{labels}}} {seconds} {t}\n"
+                                 for t in range(start, end + 1, 5)))  # fmt: skip
+
+
+def test_a_limit_lowered_under_the_burst_lowers_the_burst_first_and_waits_for_the_agent(
+    tmp_path: Path, control_plane: ControlPlane, throttlepolicy_crd: None
+) -> None:
+    with inplace_world(tmp_path, control_plane, CALM) as ip:
+        ip.kube.patch(DEPLOYMENTS, ip.stage, APP.name, {"spec": {"template": {"metadata": {
+            "annotations": {"unthrottle.io/cpu-burst": "app=90ms"}}}}})  # fmt: skip
+        ip.kube.rolled_out(ip.stage, APP.name)
+        (pod,) = ip.pods()
+        now = int(time.time())
+        _burst_gauge(ip, pod, 0.09, now - 300, now)  # the agent wrote 90 ms into its cgroup
+        ip.world.policy("ip", "ip", apply={"method": "InPlace"})
+        _, message = ip.reconcile()
+        record = _record(ip.world.deployment(APP.name))
+        (change,) = record.containers
+        assert (change.after.cpu_limit or 0) * 100 < 90_000 <= change.before.burst_us, change
+        assert "burst lowered first" in message, message
+        annotated = ip.kube.get(PODS, ip.stage, pod) or {}
+        interim = annotated["metadata"]["annotations"]["unthrottle.io/cpu-burst"]
+        assert interim == f"app={burst_text(change.after.burst_us)}"
+        assert ip.resizes() == []  # the quota waits for the burst
+        # while the agent still reports 90 ms in the cgroup, no resize
+        _, message = ip.reconcile()
+        assert "waiting for the node agent" in message and ip.resizes() == [], message
+        time.sleep(1.1)
+        later = int(time.time())
+        _burst_gauge(ip, pod, change.after.burst_us / 1e6, later, later)  # the agent wrote it
+        _, message = ip.reconcile()
+        assert ip.resizes() == [pod], message
+        annotate, resize = (
+            ip.world.proxy.requests("PATCH", f"/pods/{pod}$"),
+            ip.world.proxy.requests("PATCH", f"/pods/{pod}/resize$"),
+        )
+        assert annotate and resize
+        assert ip.world.proxy.requests("PATCH", f"/pods/{pod}").index(resize[0]) > (
+            ip.world.proxy.requests("PATCH", f"/pods/{pod}").index(annotate[0])
+        )
+        ip.settled(pod, change.after.cpu_limit or 0)
+
+
+@pytest.mark.parametrize("method", ["InPlace", "InPlaceOrRollout"])
+def test_without_a_resize_subresource_inplace_says_why_and_the_other_rolls_out(
+    ip: InPlaceWorld, method: str
+) -> None:
+    # Kubernetes before 1.33 has no pods/resize: its API server answers 404 (the proxy
+    # in front of the real one stands for such a server, for that path only)
+    ip.world.proxy.fail_next("PATCH", "/resize$", status=404, count=10)
+    ip.world.policy("ip", "ip", apply={"method": method})
+    state, message = ip.reconcile()
+    deployment = ip.world.deployment(APP.name)
+    record = _record(deployment)
+    if method == "InPlace":
+        assert state == "RolledBack" and "needs Kubernetes 1.33 or later" in message, message
+        assert record.method == "InPlace" and record.verdict == "RolledBack"
+        assert all(_cpu(p) == 500 for p in ip.pods().values())
+    else:
+        assert state == "Verifying" and "(a rollout: " in message and "1.33" in message
+        assert record.method == "Rollout" and record.verdict is None

@@ -1,8 +1,9 @@
 """`make demo`'s whole loop on the real kernel and a real control plane (its own, started by
-the demo): Deployments rolled out onto a fake node, the agent naming the pods' cgroups through
-the API, Prometheus, the operator in Recommend then Apply mode, the new pods' limit and burst
-written into their cgroups. It ends with throttling at or under the policy's target. Root
-only (slow)."""
+the demo): Deployments rolled out onto a fake node, each pod's cgroups made as a kubelet makes
+them, the agent naming them through the API and writing the burst, Prometheus, the operator
+in Recommend then Apply mode with ``apply.method: InPlace``: the running pods resized, their
+quota rewritten in the same cgroups, no pod restarted. It ends with throttling at or under
+the policy's target, measured in the same pod's container cgroup. Root only (slow)."""
 
 from __future__ import annotations
 
@@ -34,16 +35,21 @@ def test_the_demo_ends_with_throttling_at_or_under_the_target(tmp_path: Path) ->
     assert "fake nodes (kwok) stood in for kubelets" in done.stdout
     assert re.search(r"real control plane: kube-apiserver, etcd, controller-manager, "
                      r"scheduler v1\.\d+\.\d+", done.stdout)  # fmt: skip
+    assert "0 pods restarted: same pod UID, container ID and cgroup" in done.stdout
     doc = json.loads(out.read_text())
     for name, figures in doc["workloads"].items():
         before, after = figures["before"], figures["after"]
+        # resized in place: the same pod, the same container in the same cgroup, never
+        # restarted, with its limit raised, in the pod and in the kernel
+        same = ("pod", "uid", "container_id", "cgroup")
+        assert [after[k] for k in same] == [before[k] for k in same], figures
+        assert before["restarts"] == after["restarts"] == 0, figures
         assert after["limit_millicores"] >= before["limit_millicores"], name
+        assert after["kernel"]["cpus"] * 1000 == pytest.approx(after["limit_millicores"])
+        assert after["kernel"].get("burst_ms", 0) * 1000 == pytest.approx(after["burst_us"])
         assert after["throttle_ratio"] <= doc["target"], (name, figures)
-        # Apply rolled out a new pod; the agent named the old pod's cgroup and the new one's
-        # through the API, so the pods' names reached Prometheus
-        assert after["pod"] != before["pod"] and after["pod"].startswith(f"{name}-"), figures
-        for pod in (before["pod"], after["pod"]):
-            assert f"shop/{pod}/app" in doc["named"], (pod, doc["named"])
+        # the agent named the pod's cgroup through the API: its name reached Prometheus
+        assert f"shop/{after['pod']}/app" in doc["named"], (after["pod"], doc["named"])
     report = Path(doc["report"]).read_text()
     assert report.count("<svg") >= 1 and "pool" in report and "batch" in report
     # nothing left behind: no demo cgroup, no agent, no control plane
