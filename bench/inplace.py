@@ -310,9 +310,16 @@ class Drive:
         return [k for k in self.ticks if k.began <= t][-1]
 
 
+ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+"""The characters the ReplicaSet controller draws a pod's 5-character suffix from."""
+
+
 def made_up(w: Workload, tag: str) -> tuple[str, ...]:
-    """Names of pods gone by now, as many as the Deployment has."""
-    return tuple(f"{w.replicaset}-{tag}{i:03d}x" for i in range(w.pods))
+    """Names of pods gone by now, as many as the Deployment has (``tag``: one character of
+    the controller's alphabet, so the names are read as the ReplicaSet's)."""
+    a = len(ALPHABET)
+    return tuple(f"{w.replicaset}-{tag}{ALPHABET[i // a // a % a]}{ALPHABET[i // a % a]}"
+                 f"{ALPHABET[i % a]}x" for i in range(w.pods))  # fmt: skip
 
 
 def workloads(s: Scenario) -> list[Workload]:

@@ -93,11 +93,11 @@ class InPlaceWorld:
 
 @contextlib.contextmanager
 def inplace_world(folder: Path, plane: ControlPlane, app: Workload = APP, *,
-                  node: str | None = None) -> Iterator[InPlaceWorld]:  # fmt: skip
+                  cpu_manager_policy: str = "none") -> Iterator[InPlaceWorld]:  # fmt: skip
     kube = Kube(plane)
     placed = deploy(kube, [app])
     with (running(folder, kube, placed, placed[0].namespace, PrometheusServer) as world,
-          ResizingKubelet(plane) as kubelet):  # fmt: skip
+          ResizingKubelet(plane, cpu_manager_policy=cpu_manager_policy) as kubelet):  # fmt: skip
         yield InPlaceWorld(world, kubelet)
 
 
@@ -244,9 +244,11 @@ def _filler(ip: InPlaceWorld, node: str, cpu: str) -> None:
     ("method", "node_cpu", "filler", "words"),
     [("InPlace", "1", "400m", "Deferred"), ("InPlaceOrRollout", "1", "400m", "Deferred"),
      ("InPlace", "500m", None, "allocatable"),
-     ("InPlaceOrRollout", "500m", None, "allocatable")],
+     ("InPlaceOrRollout", "500m", None, "allocatable"),
+     ("InPlace", "16", "static", "Infeasible"),
+     ("InPlaceOrRollout", "16", "static", "Infeasible")],
     ids=["deferred-gives-up", "deferred-rolls-out", "over-capacity-gives-up",
-         "over-capacity-rolls-out"],
+         "over-capacity-rolls-out", "infeasible-gives-up", "infeasible-rolls-out"],
 )  # fmt: skip
 def test_a_resize_the_node_cannot_fit_gives_up_or_rolls_out(
     tmp_path: Path, control_plane: ControlPlane, throttlepolicy_crd: None, method: str,
@@ -254,12 +256,16 @@ def test_a_resize_the_node_cannot_fit_gives_up_or_rolls_out(
 ) -> None:  # fmt: skip
     # One Guaranteed pod of 500m on a small node: its request rises with its limit. Past the
     # node's room now, the kubelet defers it (PodResizePending, Deferred); past the node's
-    # allocatable, the API server refuses it (403, NodeCapacity) before any kubelet sees it.
+    # allocatable, the API server refuses it (403, NodeCapacity) before any kubelet sees it;
+    # a kubelet whose CPU manager pins Guaranteed pods' CPUs (policy static) finds any CPU
+    # resize of one Infeasible.
     app = replace(APP, pods=1)
+    static = filler == "static"
     with small_node(control_plane, node_cpu) as node, \
-            inplace_world(tmp_path, control_plane, app) as ip:  # fmt: skip
+            inplace_world(tmp_path, control_plane, app,
+                          cpu_manager_policy="static" if static else "none") as ip:  # fmt: skip
         _guaranteed(ip, node)
-        if filler is not None:
+        if filler is not None and not static:
             _filler(ip, node, filler)
         template = ip.world.deployment(APP.name)["spec"]["template"]
         (pod,) = ip.pods().values()
