@@ -34,6 +34,7 @@ import contextlib
 import http.client
 import json
 import os
+import re
 import socket
 import ssl
 import statistics
@@ -198,6 +199,26 @@ class PodWatch:
             seen.deleted_at = at
 
 
+WRITES = ("POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION")
+
+
+def writes(plane: ControlPlane) -> collections.Counter[str]:
+    """Every client's writes the API server counted so far (``apiserver_request_total``), by
+    verb and resource; node leases left out (kwok renews them every few seconds)."""
+    status, text = plane.request("GET", "/metrics")
+    assert status == 200, text
+    out: collections.Counter[str] = collections.Counter()
+    for line in str(text).splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels, value = line[len("apiserver_request_total{") :].rsplit("} ", 1)
+        found = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        if found.get("verb") in WRITES and found.get("resource") != "leases":
+            sub = f"/{found['subresource']}" if found.get("subresource") else ""
+            out[f"{found['verb']} {found.get('resource')}{sub}"] += int(float(value))
+    return out
+
+
 def machine() -> dict[str, Any]:
     """The machine now: load average, CPU counters, other test runs and control planes."""
     with open("/proc/stat") as stat:
@@ -341,6 +362,16 @@ def serving(kube: Kube, namespace: str) -> Pods:
     return {p["metadata"]["name"]: p for p in kube.until("pods reported", listed, reported)}
 
 
+def gone(kube: Kube, namespace: str) -> None:
+    """Delete the namespace and wait until it is gone: its pods' deletions would otherwise
+    be counted among the next run's writes."""
+    kube.delete("v1/namespaces", None, namespace)
+    with contextlib.suppress(AssertionError):
+        kube.until(f"namespace {namespace} gone",
+                   lambda: kube.get("v1/namespaces", None, namespace), lambda n: n is None,
+                   timeout_s=180)  # fmt: skip
+
+
 def history(placed: list[Workload], pods: Pods, method: str) -> str:
     """The Deployments' throttled past up to T0; for InPlace also the canary's own counters
     from T0 on, 15 s apart (its verdict reads the last ``verifyFor``)."""
@@ -369,14 +400,18 @@ def run_once(plane: ControlPlane, kube: Kube, s: Scenario, folder: Path) -> dict
                     "method": s.method, "maxConcurrent": s.max_concurrent,
                     "verifyFor": VERIFY_FOR})  # fmt: skip
                 drive = Drive(world, kubelet, [w.name for w in placed])
+                written = writes(plane)
                 records = drive.run()
+                written = writes(plane) - written
             finally:  # the one running now (history added restarts it), and the first
                 world.prom.__exit__(None, None, None)
                 prom.__exit__(None, None, None)
             after = {p["metadata"]["name"]: p for p in kube.list("v1/pods", namespace)}
             result = measure(s, drive, records, pods, after, proxy, watch, actuations)
+            result["control_plane_writes"] = {"total": sum(written.values()),
+                                              "by_kind": dict(sorted(written.items()))}  # fmt: skip
     finally:
-        kube.delete("v1/namespaces", None, namespace)
+        gone(kube, namespace)
     result["machine"] = load_between(before_load, machine())
     return result
 
@@ -536,6 +571,7 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "container_restarts": spread([r["container_restarts"] for r in mine]),
             "reconciles": spread([r["reconciles"] for r in mine]),
             "requests_total": spread([r["requests"]["total"] for r in mine]),
+            "control_plane_writes": spread([r["control_plane_writes"]["total"] for r in mine]),
             "requests_by_method": {m: spread([r["requests"]["by_method"].get(m, 0) for r in mine])
                                    for m in methods},
             "all_pods_at_new_limit": all(r["pods_at_new_limit"] for r in mine),

@@ -509,8 +509,8 @@ def resize_in_place(kube: Kube, operator: Any, today: dict[str, Pod], tree: Kube
     show_applied(kube, status)
     for line in tree.writes:
         print(f"  the kubelet (stand-in for kwok) resized {line}")
-    print("  (each canary's throttling is verified by the operator after apply.verifyFor, "
-          "15 min; the demo measures now)")  # fmt: skip
+    print("  (each canary's own throttling is verified by the operator after apply.verifyFor, "
+          "15m; the demo measures now)")  # fmt: skip
     return {name: Pod.of(kube.get("v1/pods", NS, pod.name) or {}) for name, pod in today.items()}
 
 

@@ -347,7 +347,7 @@ LEFT_ALONE = {
                    "unthrottle.io/last-applied: cannot be read"),
     # a limit below the pod's request: the API server would refuse the pod it made
     "limit-below-the-request": (lambda rs: _lowered(inplace_record(rs), REQUEST_M - 50),
-                                "CPU request would exceed its new limit"),
+                                "more than the limit"),
 }  # fmt: skip
 
 

@@ -46,6 +46,7 @@ from shop import HEALTHY, THROTTLED, deploy, openmetrics
 from test_chart import PROMETHEUS_AUTH, documented_rbac
 from unthrottle.cfs.settings import parse_cpu
 from unthrottle.devtools.kube import BuildError, ControlPlane, ensure_built
+from unthrottle.devtools.kube.kubelet import ResizingKubelet
 from unthrottle.devtools.processes import stop
 
 POLICIES = "unthrottle.io/v1alpha1/throttlepolicies"
@@ -432,7 +433,15 @@ def operator_on_its_token(kube: Kube, tmp_path: Path,
     of history in a real Prometheus; the chart's RBAC for ``operator_values(shop, stage)``;
     the operator started with the chart's own arguments and a kubeconfig holding only its
     ServiceAccount's token (through a recording proxy, which forwards the token)."""
-    placed = deploy(kube, [THROTTLED, HEALTHY, replace(THROTTLED, namespace="stage")])
+    placed = deploy(
+        kube,
+        [
+            THROTTLED,
+            HEALTHY,
+            replace(THROTTLED, namespace="stage"),
+            replace(THROTTLED, namespace="stage", **IN_PLACE),
+        ],
+    )
     shop, stage = placed[0].namespace, placed[2].namespace
     end = int(time.time()) // 60 * 60
     with (
@@ -468,6 +477,14 @@ def _condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
 
 RECOMMEND = {"selector": {"matchLabels": {"team": "pay"}}, "window": "12h"}
 APPLY = {**RECOMMEND, "mode": "Apply", "apply": {"verifyFor": "1m", "cooldown": "0s"}}
+IN_PLACE: dict[str, Any] = {"name": "api", "labels": {"team": "ops"}}
+"""A second throttled Deployment of ``stage``, for an InPlace policy of its own."""
+APPLY_IN_PLACE = {
+    "selector": {"matchLabels": {"team": "ops"}},
+    "window": "12h",
+    "mode": "Apply",
+    "apply": {"method": "InPlace", "verifyFor": "1m"},
+}
 
 
 def _recommends_with_status_events_and_report(run: OperatorRun) -> None:
@@ -514,9 +531,23 @@ def test_with_apply_enabled_every_call_of_the_operator_is_allowed_and_apply_patc
         status = run.status_when(run.stage, "pay", lambda s: _workload(s, "checkout")["state"]
                                  in ("Verifying", "Applied"))  # fmt: skip
         assert _condition(status, "Degraded")["status"] == "False"
+        # InPlace: a pod of `api` resized through pods/resize, its burst annotation patched
+        # (its template's 1 ms is not what is recommended), by the stand-in kubelet's leave
+        kube.patch(DEPLOYMENTS, run.stage, "api", {"spec": {"template": {"metadata": {
+            "annotations": {"unthrottle.io/cpu-burst": "app=1ms"}}}}})  # fmt: skip
+        kube.rolled_out(run.stage, "api")
+        with ResizingKubelet(kube.plane):
+            run.policy(run.stage, "ops", APPLY_IN_PLACE)
+            resized = run.until("the canary resized in place",
+                                lambda: run.kube.get(DEPLOYMENTS, run.stage, "api"),
+                                lambda d: '"canary_done_at":1' in d["metadata"].get(
+                                    "annotations", {}).get(RECORD, ""))  # fmt: skip
+        assert '"method":"InPlace"' in resized["metadata"]["annotations"][RECORD]
         asked, refused = _asked_and_refused(run)
     assert refused == {}
-    assert ("apps", "deployments", "patch") in _least_privilege(run, asked)
+    used = _least_privilege(run, asked)
+    assert {("apps", "deployments", "patch"), ("", "pods/resize", "patch"),
+            ("", "pods", "patch")} <= used  # fmt: skip
 
 
 def _least_privilege(run: OperatorRun, asked: set[Access]) -> set[tuple[str, str, str]]:
