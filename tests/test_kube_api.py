@@ -173,12 +173,19 @@ def test_apply_patches_a_deployment_with_shell_urls_and_non_ascii_text_and_rolls
         assert pod["status"]["phase"] == "Running"
     assert rollout(patched) == "done"
     # rollback restores the limit and removes our annotation, through the same kind of patch
-    fresh = store.get(kube.namespace, "checkout")
-    assert fresh is not None
-    stored = record_of(fresh)
-    assert stored is not None
-    ops, _ = rollback_patch(fresh, stored, now=2000.0, reason="worse: 30 % → 45 %")
-    store.json_patch(kube.namespace, "checkout", ops)
+    # (re-read on a conflict, as the operator does: the controller may still be writing the
+    # status of the rollout it just finished)
+    for _ in range(3):
+        fresh = store.get(kube.namespace, "checkout")
+        assert fresh is not None
+        stored = record_of(fresh)
+        assert stored is not None
+        ops, _ = rollback_patch(fresh, stored, now=2000.0, reason="worse: 30 % → 45 %")
+        try:
+            store.json_patch(kube.namespace, "checkout", ops)
+            break
+        except PatchConflict:
+            continue
     back = _rolled_out(kube, "checkout")
     assert _limits(back) == {"app": 500, "sidecar": 100}
     assert "unthrottle.io/cpu-burst" not in back["spec"]["template"]["metadata"]["annotations"]
