@@ -117,6 +117,8 @@ def test_the_canary_is_resized_first_verified_alone_then_the_rest_without_a_rest
     ip.world.policy("ip", "ip", apply={"method": "InPlace", "maxConcurrent": 1})
     state, message = ip.reconcile()
     assert state == "Verifying" and "canary: pod" in message, message
+    (cond,) = [c for c in ip.world.status("ip")["conditions"] if c["type"] == "InPlaceResize"]
+    assert (cond["status"], cond["reason"]) == ("True", "Available")
     record = _record(ip.world.deployment(APP.name))
     (change,) = record.containers
     limit = change.after.cpu_limit
@@ -359,6 +361,9 @@ def test_without_a_resize_subresource_inplace_says_why_and_the_other_rolls_out(
     state, message = ip.reconcile()
     deployment = ip.world.deployment(APP.name)
     record = _record(deployment)
+    (cond,) = [c for c in ip.world.status("ip")["conditions"] if c["type"] == "InPlaceResize"]
+    assert (cond["status"], cond["reason"]) == ("False", "NoResizeSubresource")
+    assert "needs Kubernetes 1.33 or later" in cond["message"]
     if method == "InPlace":
         assert state == "RolledBack" and "needs Kubernetes 1.33 or later" in message, message
         assert record.method == "InPlace" and record.verdict == "RolledBack"

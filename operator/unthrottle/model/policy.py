@@ -357,8 +357,10 @@ class ApplySpec(_Spec):
         True, description="Undo a change whose throttle ratio came out worse than before."
     )
     max_concurrent: int = Field(
-        1, ge=1, description="At most this many Deployments of the policy changing at a time "
-        "(InPlace: also the pods of one resized at a time after its canary)."
+        1,
+        ge=1,
+        description="At most this many Deployments of the policy changing at a time "
+        "(InPlace: also the pods of one resized at a time after its canary).",
     )
     dry_run: bool = Field(
         False, description="Compute and report the patches, but send them to nobody."

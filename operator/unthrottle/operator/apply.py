@@ -233,6 +233,11 @@ class Applier:
     # -- holding back ------------------------------------------------------------------
 
     @property
+    def no_resize(self) -> str | None:
+        """Why pods cannot be resized in place on this server, if the last run found out."""
+        return None if self.inplace is None else self.inplace.no_resize
+
+    @property
     def wake_in_s(self) -> float | None:
         """How soon the last run wants the next (None: at the policy's interval)."""
         return None if self.inplace is None else self.inplace.wake_in_s
@@ -353,7 +358,10 @@ class Applier:
                 body_ = None if pod is None else resize_body(pod, targets(pod, record))
                 if body_ is not None:
                     self.inplace.pods.resize(namespace, live[0], body_, dry_run=True)
-            except (PatchRefused, NoResizeSubresource, InPlaceError) as error:
+            except NoResizeSubresource as error:
+                self.inplace.no_resize = str(error)
+                return State.SKIPPED, f"dry run: in-place resize refused: {error}"
+            except (PatchRefused, InPlaceError) as error:
                 return State.SKIPPED, f"dry run: in-place resize refused: {error}"
             self._event(raw, "Normal", "DryRun", f"dry run, nothing changed: would have resized "
                         f"pod {live[0]} in place first: {text}")  # fmt: skip

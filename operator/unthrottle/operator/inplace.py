@@ -90,6 +90,9 @@ class InPlace:
         self.metrics = metrics
         self.event = event
         self.worse = worse
+        self.no_resize: str | None = None
+        """Set when the API server had no pods/resize (Kubernetes before 1.33), until a
+        resize goes through (the server was upgraded)."""
         self.wake_in_s: float | None = None
         """How soon this reconcile's InPlace steps want the next one (None: the policy's
         interval will do): a resize waits seconds for its kubelet, not an interval."""
@@ -151,8 +154,12 @@ class InPlace:
             assert body is not None
             try:
                 self.pods.resize(namespace, name, body)
-            except (PatchRefused, NoResizeSubresource) as error:
+            except NoResizeSubresource as error:
+                self.no_resize = str(error)
                 raise GiveUp(str(error)) from None
+            except PatchRefused as error:
+                raise GiveUp(str(error)) from None
+            self.no_resize = None
             return Step(False, f"pod {name}: resize sent, waiting for its kubelet")
         if state.state in ("deferred", "infeasible"):
             raise GiveUp(f"the kubelet of pod {name} reports the resize {state.state.title()}: "

@@ -232,6 +232,13 @@ class Reconciler:
         else:
             conditions.append(condition(previous, "Degraded", False, "Healthy", "",
                                         now=now, generation=generation))  # fmt: skip
+        if spec.mode == "Apply" and spec.apply.method != "Rollout" and self.applier is not None:
+            missing = self.applier.no_resize
+            conditions.append(condition(
+                previous, "InPlaceResize", missing is None,
+                "Available" if missing is None else "NoResizeSubresource",
+                missing or "pods are resized through their resize subresource",
+                now=now, generation=generation))  # fmt: skip
         return {
             "observedGeneration": generation,
             "lastRun": timestamp(now),
