@@ -24,6 +24,7 @@ from prom import PrometheusServer, requires_prometheus
 from shop import Workload, deployment, openmetrics
 from test_admission import Tls, chart_configuration, configured, tls, webhook_operator
 from test_apply import restarted
+from test_apply_restart import _wait
 from unthrottle.cfs.settings import parse_cpu
 from unthrottle.devtools.kube import ControlPlane
 from unthrottle.devtools.kube.kubelet import ResizingKubelet
@@ -67,16 +68,6 @@ class World:
     def resized(self) -> list[str]:
         """The pods the operators resized, one entry per resize sent."""
         return [r.path.split("/")[-2] for r in self.proxy.requests("PATCH", "/resize$")]
-
-
-def _wait(check: Any, what: str, operator: OperatorProcess, timeout: float = 60) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.2)
-    raise AssertionError(f"{what} never happened; operator log:\n{operator.tail()}")
 
 
 @pytest.fixture

@@ -55,13 +55,12 @@ from unthrottle.metrics.evidence import WorkloadKey, fetch
 from unthrottle.metrics.source import MetricsError, MetricsSource
 from unthrottle.model.policy import ThrottlePolicySpec
 from unthrottle.operator.gates import rollout, skip_reason
-from unthrottle.operator.inplace import InPlace
+from unthrottle.operator.inplace import InPlace, Outcome
 from unthrottle.operator.status import State
 from unthrottle.recommend.estimators import quota_of
 from unthrottle.scan import ContainerResult, ScanResult, Selection, WorkloadResult
 
 _log = logging.getLogger("unthrottle.operator")
-Outcome = tuple[State, str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,11 +279,7 @@ class Applier:
                 listed: dict[str, Any], now: float) -> Outcome:  # fmt: skip
         namespace = body["metadata"]["namespace"]
         raw = self.deployments.get(namespace, w.deployment) or listed  # fresh: smaller races
-        try:
-            previous = record_of(raw)
-        except RecordError:
-            previous = None
-        changes = changes_for(w, raw, spec, previous)
+        changes = _changes(w, raw, spec)
         if not changes:
             return State.UP_TO_DATE, None
         if spec.apply.method != "Rollout":
@@ -384,11 +379,7 @@ class Applier:
             raw = self.deployments.get(namespace, w.deployment)
             if raw is None:
                 return State.SKIPPED, "the Deployment is gone"
-            try:
-                previous = record_of(raw)
-            except RecordError:
-                previous = None
-            changes = changes_for(w, raw, spec, previous)
+            changes = _changes(w, raw, spec)
             if not changes:
                 return State.UP_TO_DATE, None
             return self._rollout(body, spec, raw, changes, now,
@@ -513,6 +504,16 @@ class Applier:
             self.objects.event(involved, kind, reason, message)
         except Exception as error:  # an event is worth a log line, not a failed change
             _log.warning("cannot post event %s: %s", reason, error)
+
+
+def _changes(w: WorkloadResult, raw: dict[str, Any],
+             spec: ThrottlePolicySpec) -> list[ContainerChange]:  # fmt: skip
+    """:func:`changes_for` the Deployment as read, with its record if it has a readable one."""
+    try:
+        previous = record_of(raw)
+    except RecordError:
+        previous = None
+    return changes_for(w, raw, spec, previous)
 
 
 def _short(error: Exception) -> str:
