@@ -285,7 +285,11 @@ def test_a_resize_the_node_cannot_fit_gives_up_or_rolls_out(
         record = _record(deployment)
         if method == "InPlace":
             if state == "Verifying":  # the deferred resize is taken back first
-                ip.settled(pod["metadata"]["name"], 500)
+                ip.kube.until("the resize taken back",
+                              lambda: ip.kube.get(PODS, ip.stage, pod["metadata"]["name"]),
+                              lambda p: _cpu(p) == 500 and not any(
+                                  c["type"].startswith("PodResize")
+                                  for c in p["status"].get("conditions") or []))  # fmt: skip
                 state, message = ip.reconcile()
             assert state == "RolledBack" and "in-place resize given up" in message, message
             assert deployment["spec"]["template"] == template

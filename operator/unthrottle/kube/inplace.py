@@ -134,9 +134,16 @@ def resize_state(pod: Pod, want: dict[str, Resources]) -> ResizeState:
     if resize_body(pod, want) is not None:
         return ResizeState("asked")
     status = pod.get("status") or {}
+    generation = (pod.get("metadata") or {}).get("generation")
+    seen = status.get("observedGeneration")
+    if generation is not None and seen is not None and seen < generation:
+        return ResizeState("resizing", "its kubelet has not seen the resize yet")
     for cond in status.get("conditions") or []:
         if cond.get("type") not in RESIZE_CONDITIONS or cond.get("status") != "True":
             continue
+        observed = cond.get("observedGeneration")
+        if generation is not None and observed is not None and observed < generation:
+            return ResizeState("resizing", "its kubelet has not answered the resize yet")
         reason, message = cond.get("reason") or "", cond.get("message") or ""
         if cond["type"] == "PodResizePending" and reason in ("Deferred", "Infeasible"):
             return ResizeState("deferred" if reason == "Deferred" else "infeasible",
