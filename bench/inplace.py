@@ -220,7 +220,8 @@ def writes(plane: ControlPlane) -> collections.Counter[str]:
 
 
 def machine() -> dict[str, Any]:
-    """The machine now: load average, CPU counters, other test runs and control planes."""
+    """The machine now: load average, CPU counters, pytest processes (``…/pytest`` as the
+    first or second word) and kube-apiservers (this benchmark's own among them)."""
     with open("/proc/stat") as stat:
         cpu = [int(x) for x in stat.readline().split()[1:]]
     mine = {str(os.getpid())}
@@ -506,7 +507,7 @@ def inplace_times(drive: Drive, name: str, record: Record, before: Pods,
     resizes = [(t, p.split("/")[-2]) for t, m, p in proxy.times
                if m == "PATCH" and p.endswith("/resize") and p.split("/")[-2] in mine]  # fmt: skip
     target = record.containers[0].after.cpu_limit
-    done = {}
+    done: dict[str, float] = {}
     for t, pod, _, _, limit in actuations.seen:
         if pod in mine and limit == target:
             done.setdefault(pod, t)
@@ -605,7 +606,7 @@ def main() -> None:
     repeats = 1 if args.quick else args.repeats
     chosen = [s for s in SCENARIOS if not args.only or args.only in s.key]
     started, runs = time.monotonic(), []
-    at_start = machine()
+    at_start, code = machine(), code_state()  # the code imported now is the code measured
     with (tempfile.TemporaryDirectory(prefix="unthrottle-inplace-") as top,
           ControlPlane(Path(top) / "control-plane", binaries=ensure_built()) as plane):  # fmt: skip
         plane.install_crds(ROOT / "crds" / "throttlepolicy.yaml")
@@ -624,7 +625,8 @@ def main() -> None:
                 print(json.dumps(result), flush=True)
         version = plane.version
     out = {"date": time.strftime("%Y-%m-%d"), "cpus": os.cpu_count(), "control_plane": version,
-           "code": code_state(), "verify_for": VERIFY_FOR, "repeats": repeats,
+           "code": {**code, "changed_during_run": code_state() != code},
+           "verify_for": VERIFY_FOR, "repeats": repeats,
            "wall_s": round(time.monotonic() - started, 1),
            "machine": load_between(at_start, machine()),
            "summary": summary(runs), "runs": runs}  # fmt: skip

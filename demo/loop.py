@@ -41,7 +41,7 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -244,7 +244,7 @@ def rolled_out(kube: Kube, names: list[str]) -> dict[str, Pod]:
 COLUMNS = ("workload", "settings", "limit / burst", "throttled periods", "p99 latency")
 
 
-def table(rows: list[tuple[str, ...]], header: tuple[str, ...] = COLUMNS) -> None:
+def table(rows: Sequence[tuple[str, ...]], header: tuple[str, ...] = COLUMNS) -> None:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
@@ -439,15 +439,32 @@ def named_by_agent(prometheus_url: str) -> list[str]:
                   for r in result)  # fmt: skip
 
 
-def measure(app: App, pod: Pod, layout: Any, cgroup: str) -> Any:
+@dataclass(frozen=True)
+class Measured:
+    """A run's figures (the lab's, over the run's span, from the container's cgroup), and the
+    counters of the pod's cgroup and the container's over the whole run, side by side: the
+    pod cgroup has a quota of its own (the sum of its containers' limits, as a kubelet sets
+    it) on a period grid of its own, and its throttling is not in the container's counters,
+    which are what the agent exports as the container's evidence."""
+
+    fig: Any
+    pod: Any
+    container: Any
+
+
+def measure(app: App, pod: Pod, layout: Any, root: str) -> Measured:
     """The app's workload in its pod's container cgroup, as the kubelet and the agent left
     it: the lab neither makes, writes nor removes it, and refuses to run if the kernel does
     not hold the pod's limit and burst."""
+    from unthrottle.cgroups import Cgroup
     from unthrottle.lab.runner import LabOptions, run_run
 
     print(f"  {app.name}: {pod.settings().label()} …", flush=True)
-    return run_run(app.scenario.workload.to_workload(), pod.settings(), layout,
-                   LabOptions(cgroup_name=cgroup, existing_cgroup=True))  # fmt: skip
+    pod_cg, own = (Cgroup(layout, f"{root}/{p}") for p in (pod.cgroup, pod.container_cgroup))
+    start = pod_cg.read_stat(), own.read_stat()
+    fig = run_run(app.scenario.workload.to_workload(), pod.settings(), layout,
+                  LabOptions(cgroup_name=own.path, existing_cgroup=True))  # fmt: skip
+    return Measured(fig, pod_cg.read_stat() - start[0], own.read_stat() - start[1])
 
 
 def recommend(kube: Kube, operator: Any) -> Path:
@@ -538,23 +555,46 @@ def kernel_settings(fig: Any) -> str:
     return f"{format_cpu(round(limit['cpus'] * 1000))} / {limit.get('burst_ms', 0):g} ms"
 
 
-def figures(pod: Pod, root: str, fig: Any) -> dict[str, Any]:
+def ratio(stat: Any) -> float:
+    return stat.nr_throttled / stat.nr_periods if stat.nr_periods else 0.0
+
+
+def figures(pod: Pod, root: str, run: Measured) -> dict[str, Any]:
+    fig = run.fig
+    whole = {f"{kind}_cgroup": {"throttle_ratio": ratio(stat), "throttled_us": stat.throttled_us}
+             for kind, stat in (("pod", run.pod), ("container", run.container))}  # fmt: skip
     return {"pod": pod.name, "uid": pod.uid, "container_id": pod.container_id,
             "restarts": pod.restarts, "cgroup": f"{root}/{pod.container_cgroup}",
             "limit_millicores": pod.limit_millicores, "burst_us": pod.burst_us,
             "kernel": fig.limit, "throttle_ratio": fig.stat.throttle_ratio,
-            "p99_ms": fig.latency.p99}  # fmt: skip
+            "p99_ms": fig.latency.p99, "whole_run": whole}  # fmt: skip
+
+
+def pod_cgroups(apps_: dict[str, App], before: dict[str, Measured],
+                after: dict[str, Measured]) -> None:  # fmt: skip
+    """The pods' own cgroups beside their containers', over the same runs."""
+    print("\n  the pods' own cgroups over the same runs (quota: the sum of their containers' "
+          "limits, as a kubelet sets it, on a period grid of their own):")  # fmt: skip
+    rows = []
+    for name in apps_:
+        for label, run in (("today", before[name]), ("unthrottle", after[name])):
+            rows.append((name if label == "today" else "", label,
+                         f"{ratio(run.pod) * 100:.0f} % / {run.pod.throttled_us / 1e6:.1f} s",
+                         f"{ratio(run.container) * 100:.0f} % / "
+                         f"{run.container.throttled_us / 1e6:.1f} s"))  # fmt: skip
+    table(rows, ("workload", "settings", "pod cgroup throttled",
+                 "container cgroup throttled"))  # fmt: skip
 
 
 def compare(apps_: dict[str, App], root: str, today: dict[str, Pod], now: dict[str, Pod],
-            before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
+            before: dict[str, Measured], after: dict[str, Measured]) -> dict[str, Any]:  # fmt: skip
     """The before / after table, and its figures for the JSON."""
     rows, results = [], {}
     for name in apps_:
         results[name] = {"before": figures(today[name], root, before[name]),
                          "after": figures(now[name], root, after[name])}  # fmt: skip
-        for label, pod, fig in (("today", today[name], before[name]),
-                                ("unthrottle", now[name], after[name])):  # fmt: skip
+        for label, pod, fig in (("today", today[name], before[name].fig),
+                                ("unthrottle", now[name], after[name].fig)):  # fmt: skip
             rows.append((name if label == "today" else "", label, pod.name, str(pod.restarts),
                          kernel_settings(fig), f"{fig.stat.throttle_ratio * 100:.0f} %",
                          f"{fig.latency.p99:.1f} ms"))  # fmt: skip
@@ -569,6 +609,7 @@ def compare(apps_: dict[str, App], root: str, today: dict[str, Pod], now: dict[s
               f"{', '.join(n for n in apps_ if n not in same)}")  # fmt: skip
     else:
         print("  0 pods restarted: same pod UID, container ID and cgroup")
+    pod_cgroups(apps_, before, after)
     return results
 
 
@@ -582,7 +623,8 @@ def on_the_kernel(layout: Any, folder: Path, kube: Kube) -> None:
     (node,) = {pod.node for pod in today.values()}
     root = f"unthrottle-demo-{os.getpid()}"
     with KubeletTree(layout, root) as tree:
-        cgroups = {name: tree.add(pod) for name, pod in today.items()}  # before the agent looks
+        for pod in today.values():
+            tree.add(pod)  # the pod started: before the agent looks
         for name, pod in today.items():
             print(f"  {name}: {pod.describe()}", flush=True)
         with (
@@ -591,14 +633,14 @@ def on_the_kernel(layout: Any, folder: Path, kube: Kube) -> None:
         ):
             say("2. the node agent names the pods' cgroups through the API and samples them; "
                 "a real Prometheus scrapes it")  # fmt: skip
-            before = {n: measure(app, today[n], layout, cgroups[n]) for n, app in pods.items()}
+            before = {n: measure(app, today[n], layout, root) for n, app in pods.items()}
             time.sleep(3)  # the last windows scraped
             operator = reconciler(kube, prom.url)
             report = recommend(kube, operator)
             now = resize_in_place(kube, operator, today, tree)
             burst_written(layout, root, now)
             print("  the workloads run again, in the same cgroups:")
-            after = {n: measure(app, now[n], layout, cgroups[n]) for n, app in pods.items()}
+            after = {n: measure(app, now[n], layout, root) for n, app in pods.items()}
             time.sleep(2)  # the last windows scraped
             named = named_by_agent(prom.url)
             started = [*kube.plane.pids().values(), pid]  # the test checks that they end

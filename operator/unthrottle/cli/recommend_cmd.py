@@ -45,7 +45,8 @@ from unthrottle.model.owners import Owners
 from unthrottle.model.selector import SelectorError, parse_selector
 from unthrottle.recommend import Policy, PolicyError, Strategy
 from unthrottle.report import DIRECTORY_FORMATS, Report, render
-from unthrottle.scan import History, ScanError, ScanRequest, assess, gather, select
+from unthrottle.report.html import MAX_PLOTS
+from unthrottle.scan import History, ScanError, ScanRequest, assess, gather, select, with_series
 
 MAX_CONCURRENCY = 64
 """Queries in flight: Prometheus evaluates 20 at once by default; more only queue there."""
@@ -146,8 +147,13 @@ def _request(*, window: str, target: float, strategy: Strategy, namespace: list[
     )  # fmt: skip
 
 
-def _scan(request: ScanRequest, run: _Run) -> Report:
-    """Select, gather and assess under the deadline, with progress on a terminal."""
+PLOTTED_FORMATS = frozenset({"html"})
+"""Formats that draw plots: only they read the plotted containers' series (3 more queries)."""
+
+
+def _scan(request: ScanRequest, run: _Run, *, plots: bool = False) -> Report:
+    """Select, gather and assess under the deadline, with progress on a terminal; with
+    ``plots``, then read the series of the containers the report plots."""
     columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
     with run.deadline, Progress(*columns, console=err, transient=True,
                                 disable=not err.is_terminal) as progress:  # fmt: skip
@@ -176,6 +182,10 @@ def _scan(request: ScanRequest, run: _Run) -> Report:
             found, problems = gather(request, run.source, selection, on_query=answered)
             step("computing recommendations")
             result = assess(request, selection, found, problems=problems)
+            if plots and result.fatal is None:
+                step(f"querying Prometheus at {run.prometheus} for the plotted series")
+                result = with_series(result, run.source, max_plots=MAX_PLOTS,
+                                     concurrency=request.concurrency)  # fmt: skip
         except (ScanError, MetricsError) as error:
             raise fail(str(error), 1) from None
     if result.fatal is not None:
@@ -301,7 +311,7 @@ def recommend_command(
         store=None if no_cluster else _store(kubeconfig, kube_timeout_s),
         deadline=Deadline(deadline_s, deadline), window=window, prometheus=config.url,
     )  # fmt: skip
-    report = _scan(request, run)
+    report = _scan(request, run, plots=fmt in PLOTTED_FORMATS)
     if top is not None and len(report.workloads) > top:
         say(f"showing the {top} most harmful of {len(report.workloads)} Deployments (--top)")
         report = report.top(top)

@@ -63,6 +63,11 @@ from unthrottle.scan import ContainerResult, ScanResult, Selection, WorkloadResu
 _log = logging.getLogger("unthrottle.operator")
 
 
+ROLLOUT_POLL_S = 5.0
+"""The next reconcile while a rollout of ours is in progress (seen done within seconds,
+so that ``verifyFor`` runs from then, not from the next interval)."""
+
+
 @dataclass(frozen=True, slots=True)
 class VerifySettings:
     """When a change counts as worse."""
@@ -152,9 +157,11 @@ class Applier:
         self.metrics = metrics
         self.clock = clock
         self.verify = verify or VerifySettings()
+        self.wake_in_s: float | None = None
+        """How soon the last run wants the next (None: the policy's interval will do)."""
         self.inplace = None if pods is None else InPlace(
             deployments=deployments, pods=pods, metrics=metrics, event=self._event,
-            worse=self._worse)  # fmt: skip
+            worse=self._worse, soon=self._soon)  # fmt: skip
 
     def run(self, body: dict[str, Any], spec: ThrottlePolicySpec, selection: Selection,
             result: ScanResult, states: dict[str, State],
@@ -163,8 +170,7 @@ class Applier:
         meta = body["metadata"]
         namespace, policy = meta["namespace"], meta["name"]
         now = self.clock()
-        if self.inplace is not None:
-            self.inplace.wake_in_s = None
+        self.wake_in_s = None
         out: dict[str, Outcome] = {}
         unreadable = None  # why VPAs cannot be read: then nothing is changed
         try:
@@ -236,10 +242,10 @@ class Applier:
         """Why pods cannot be resized in place on this server, if the last run found out."""
         return None if self.inplace is None else self.inplace.no_resize
 
-    @property
-    def wake_in_s(self) -> float | None:
-        """How soon the last run wants the next (None: at the policy's interval)."""
-        return None if self.inplace is None else self.inplace.wake_in_s
+    def _soon(self, seconds: float) -> None:
+        """Ask for the next reconcile within ``seconds`` (a rollout or a resize to see done,
+        a verification due): the policy's interval is for finding new work."""
+        self.wake_in_s = seconds if self.wake_in_s is None else min(self.wake_in_s, seconds)
 
     def _held(self, body: dict[str, Any], spec: ThrottlePolicySpec, raw: dict[str, Any],
               record: Record | None, vpas: list[dict[str, Any]] | None,
@@ -313,6 +319,7 @@ class Applier:
             self._event(raw, "Normal", "DryRun", f"dry run, nothing changed: would have {text}")
             return State.RECOMMENDED, f"dry run (the API server accepted it): would have {text}"
         self._event(raw, "Normal", "Applied", text + note)
+        self._soon(ROLLOUT_POLL_S)
         return State.VERIFYING, f"changed: {text}{note}; waiting for the rollout"
 
     # -- in place ----------------------------------------------------------------------
@@ -397,6 +404,7 @@ class Applier:
         if state == "failed":
             return self._rollback(raw, record, now, "the rollout failed (ProgressDeadlineExceeded)")
         if state == "progressing" and record.rollout_done_at is None:
+            self._soon(ROLLOUT_POLL_S)
             return State.VERIFYING, f"rolling out: {self._describe(record)}"
         if record.rollout_done_at is None:
             record = replace(record, rollout_done_at=now)
@@ -405,6 +413,7 @@ class Applier:
         assert record.rollout_done_at is not None
         ready_at = record.rollout_done_at + spec.apply.verify_for_s
         if now < ready_at:
+            self._soon(ready_at - now)
             return State.VERIFYING, (f"rolled out; verifying until {_iso(ready_at)}: "
                                      f"{self._describe(record)}")  # fmt: skip
         window = max(60, math.floor(now - record.rollout_done_at))

@@ -84,7 +84,7 @@ class InPlace:
     """Drives InPlace records; the Applier hands it the Deployments whose record says so."""
 
     def __init__(self, *, deployments: DeploymentStore, pods: PodStore, metrics: MetricsSource,
-                 event: Event, worse: Worse) -> None:  # fmt: skip
+                 event: Event, worse: Worse, soon: Callable[[float], None]) -> None:  # fmt: skip
         self.deployments = deployments
         self.pods = pods
         self.metrics = metrics
@@ -93,12 +93,9 @@ class InPlace:
         self.no_resize: str | None = None
         """Set when the API server had no pods/resize (Kubernetes before 1.33), until a
         resize goes through (the server was upgraded)."""
-        self.wake_in_s: float | None = None
-        """How soon this reconcile's InPlace steps want the next one (None: the policy's
-        interval will do): a resize waits seconds for its kubelet, not an interval."""
-
-    def _soon(self, seconds: float) -> None:
-        self.wake_in_s = seconds if self.wake_in_s is None else min(self.wake_in_s, seconds)
+        self._soon = soon
+        """Asks for the next reconcile within so many seconds: a resize waits seconds for
+        its kubelet, not an interval."""
 
     # -- the record ------------------------------------------------------------------------
 

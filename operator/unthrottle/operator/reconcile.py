@@ -38,6 +38,7 @@ from unthrottle.operator.status import (
 )
 from unthrottle.operator.telemetry import Telemetry
 from unthrottle.report import markdown
+from unthrottle.report.thinning import CONFIGMAP_POINTS, thin
 from unthrottle.scan import (
     ClusterError,
     EngineCache,
@@ -46,6 +47,7 @@ from unthrottle.scan import (
     Selection,
     assess,
     select,
+    with_series,
 )
 
 _log = logging.getLogger("unthrottle.operator")
@@ -164,7 +166,7 @@ class Reconciler:
         memory.failures, memory.last_fault = 0, None
         self.telemetry.states(uid_of(body), view.states)
         wake = self.applier.wake_in_s if overrides is not None and self.applier else None
-        if wake is not None:  # an in-place resize in progress: its next step is seconds away
+        if wake is not None:  # a rollout or a resize in progress, a verification due
             return Outcome(next_in_s=max(1.0, min(float(spec.interval_s), wake)))
         return Outcome(next_in_s=float(spec.interval_s))
 
@@ -267,7 +269,13 @@ class Reconciler:
                 and result.now - memory.report_at < self.settings.report_refresh_s):  # fmt: skip
             return
         states = {k: v.value for k, v in view.states.items()}
-        doc = result.to_json(spec.window)
+        try:  # the plots' series: only the plotted and changed containers', a few queries
+            result = with_series(result, self.metrics, max_plots=PLOTTED,
+                                 concurrency=self.settings.concurrency)  # fmt: skip
+        except MetricsError as error:  # a report without plots is still a report
+            _log.warning("policy %s/%s: the report's plots are left out: %s",
+                         meta["namespace"], meta["name"], error)  # fmt: skip
+        doc = thin(result.to_json(spec.window), CONFIGMAP_POINTS)
         doc["policy"] = {"namespace": meta["namespace"], "name": meta["name"]}
         for rank, w in enumerate(doc["workloads"]):
             w["state"] = states.get(w["deployment"])

@@ -16,6 +16,7 @@ from markupsafe import Markup
 
 from unthrottle import __version__
 from unthrottle.report import page, units
+from unthrottle.report.applied import APPLIED_NOTE, applied_rows
 from unthrottle.report.model import Container, Report, Workload
 
 MAX_PLOTS = 50
@@ -87,7 +88,8 @@ def _row(rank: int, w: Workload, c: Container, target: float, anchor: str) -> Ro
 
 def _alt(w: Workload, c: Container) -> str:
     rec, d = c.recommendation, c.demand
-    parts = [f"Demand per 100 ms window of {c.name} in {w.key}"]
+    parts = [f"Demand per 100 ms window of {c.name} in {w.key}" if d is not None
+             else f"{c.name} in {w.key}, from the kernel's counters"]  # fmt: skip
     if d is not None:
         parts.append(f"median {units.cpu(d.p50_millicores)}, p99 {units.cpu(d.p99_millicores)}, "
                      f"largest {units.cpu(d.max_millicores)}")  # fmt: skip
@@ -104,26 +106,83 @@ def _alt(w: Workload, c: Container) -> str:
     return "; ".join(parts) + "."
 
 
+def _usage_alt(w: Workload, c: Container) -> str:
+    points = c.usage_series
+    peak = max((p.peak for p in points), default=0.0)
+    mean = sum(p.cores for p in points) / len(points) if points else 0.0
+    rec = c.recommendation
+    return (f"CPU used by {c.name} in {w.key} over the window: {mean:.2f} cores per pod on "
+            f"average, the busiest pod at most {peak:.2f} cores in a "
+            f"{units.duration(c.series_step_s or 0)} step; today's limit "
+            f"{units.cpu(c.current.limit_millicores)}"
+            + (f", recommended {units.cpu(rec.limit_millicores)}" if rec else "")
+            + ". Samples 15-60 s apart average sub-second bursts away, so the limit sits "
+            "above the usage line.")  # fmt: skip
+
+
+def _throttle_alt(c: Container, target: float) -> str:
+    points = c.throttle_series
+    worst = max((p.ratio for p in points), default=0.0)
+    above = sum(1 for p in points if p.ratio > target)
+    return (f"Share of periods throttled over the window, against the target of "
+            f"{target * 100:g} %: at most {units.pct(worst)} in a step, above the target in "
+            f"{above} of {len(points)} steps.")  # fmt: skip
+
+
 def _plots(over: list[tuple[Workload, Container]], anchors: dict[tuple[str, str], str],
            target: float) -> list[dict[str, object]]:  # fmt: skip
-    from unthrottle.report.plots import Plot, demand_plot, throttle_plot  # matplotlib: here only
+    from unthrottle.report.plots import (  # matplotlib: here only
+        Plot,
+        demand_plot,
+        throttle_plot,
+        usage_plot,
+    )
 
     out: list[dict[str, object]] = []
     for w, c in over:
         anchor = anchors[(w.key, c.name)]
         drawn: list[Plot] = []
         title = f"Demand of {c.name} in {w.key} against today's and the recommended limit"
-        demand = demand_plot(c, prefix=f"{anchor}-d", title=title, alt=_alt(w, c))
+        demand = (demand_plot(c, prefix=f"{anchor}-d", title=title, alt=_alt(w, c))
+                  if c.histogram or not c.usage_series else None)  # fmt: skip
         if demand is not None:
             drawn.append(demand)
         series = throttle_plot(c, target, prefix=f"{anchor}-t",
                                title=f"Throttling of {c.name} in {w.key} over the window",
-                               alt=f"Share of periods throttled over the window, against the "
-                                   f"target of {target * 100:g} %.")  # fmt: skip
+                               alt=_throttle_alt(c, target))  # fmt: skip
         if series is not None:
             drawn.append(series)
+        usage = usage_plot(c, prefix=f"{anchor}-u",
+                           title=f"CPU used by {c.name} in {w.key} against today's and the "
+                                 "recommended limit", alt=_usage_alt(w, c))  # fmt: skip
+        if usage is not None:
+            drawn.append(usage)
         out.append({"anchor": anchor, "key": w.key, "container": c.name, "plots": drawn,
                     "figures": _alt(w, c)})  # fmt: skip
+    return out
+
+
+APPLIED_COLUMNS = ("Deployment", "container", "changed", "when", "method",
+                   "throttled before", "throttled after", "verdict", "why")  # fmt: skip
+
+
+def _applied(report: Report) -> list[dict[str, object]]:
+    """One row (and a before/after plot) per container Apply changed."""
+    from unthrottle.report.plots import applied_plot  # matplotlib: here only
+
+    out: list[dict[str, object]] = []
+    for i, (w, a, ac, cells) in enumerate(applied_rows(report)):
+        c = next((x for x in w.containers if x.name == ac.name), None)
+        plot = None
+        if c is not None:
+            plot = applied_plot(
+                c.throttle_series, at=a.at, after_from=ac.after_from, target=report.target,
+                prefix=f"a{i + 1}", title=f"Throttling of {ac.name} in {w.key} before and "
+                f"after the change of {cells[3]}",
+                alt=f"Share of periods throttled before and after the change ({cells[2]}), "
+                f"the change marked: {cells[5]} before, {cells[6]} after; {cells[7]}.",
+            )  # fmt: skip
+        out.append({"cells": cells, "plot": plot})
     return out
 
 
@@ -172,7 +231,11 @@ def render_html(report: Report, *, title: str | None = None, max_plots: int = MA
     plots_note = (f"Plots for the {len(plots)} most harmed of {len(over)} containers over "
                   "target." if len(over) > len(plots) else f"Plots for the {len(over)} "
                   "containers over target.")  # fmt: skip
-    plots_note += " Windows right of today's limit (dashed) are the throttled ones."
+    plots_note += (
+        " Demand (from the node agent): windows right of today's limit (dashed) are "
+        "the throttled ones. Throttling and CPU used over the window come from "
+        "the kernel's counters, as cAdvisor exports them."
+    )
     without = [{"key": w.key, "containers": ", ".join(c.name for c in w.containers) or units.DASH,
                 "why": w.why_not()} for w in report.workloads if not w.has_evidence()]  # fmt: skip
     return _PAGE.render(
@@ -180,4 +243,5 @@ def render_html(report: Report, *, title: str | None = None, max_plots: int = MA
         script=Markup(page.SCRIPT), provenance=provenance, figures=figures,
         worst=worst, truncated=truncated, columns=COLUMNS, rows=rows, plots=plots,
         plots_note=plots_note, without=without, version=__version__, notes=report.notes,
+        applied=_applied(report), applied_columns=APPLIED_COLUMNS, applied_note=APPLIED_NOTE,
     )  # fmt: skip

@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 
 from unthrottle.report import units
+from unthrottle.report.applied import APPLIED_NOTE, applied_rows
 from unthrottle.report.model import Container, Report, Summary, Workload
 from unthrottle.scan import ScanResult
 
@@ -132,6 +133,14 @@ def render_markdown(report: Report, *, title: str | None = None) -> str:
         for w in with_evidence:
             for c in w.containers:
                 lines += _reasons(w, c)
+    rows = list(applied_rows(report))
+    if rows:
+        lines += ["", "## What Apply changed", "", APPLIED_NOTE, "",
+                  "| Deployment | container | changed | when | method | throttled before "
+                  "| throttled after | verdict | why |",
+                  "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines += ["| " + " | ".join(text(cell) for cell in cells) + " |"
+                  for *_, cells in rows]  # fmt: skip
     if without:
         lines += ["", "## Without evidence", "", "| Deployment | containers | why |",
                   "|---|---|---|"]  # fmt: skip

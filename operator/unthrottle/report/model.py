@@ -114,6 +114,52 @@ class Point(_Doc):
     ratio: float = Field(ge=0, description="Throttled periods over periods in the step.")
 
 
+class Usage(_Doc):
+    """CPU used over one step of the window, per pod."""
+
+    t: float = Field(description="Unix time, seconds (the step's end).")
+    cores: float = Field(ge=0, description="Mean over the pods, cores.")
+    peak: float = Field(ge=0, description="The busiest pod's, cores.")
+
+
+class Settings(_Doc):
+    """A container's settings on one side of a change Apply made."""
+
+    limit_millicores: int | None = Field(ge=0, description="CPU limit; None: no limit.")
+    burst_us: int = Field(ge=0, description="CFS burst, µs.")
+    gomaxprocs: int | None = Field(ge=1, description="GOMAXPROCS; None: unset.")
+
+
+class AppliedContainer(_Doc):
+    """One container Apply changed, and its throttling on each side of the change."""
+
+    name: str
+    before: Settings
+    after: Settings
+    expected_ratio: float | None = Field(None, ge=0, description="The model's, when applied.")
+    verified_ratio: float | None = Field(
+        None, ge=0, description="What the verification measured (an in-place canary's own)."
+    )
+    span_s: int = Field(0, ge=0, description="Length of each side, s; 0: not in the window.")
+    ratio_before: float | None = Field(None, ge=0, description="From the counters, before.")
+    ratio_after: float | None = Field(None, ge=0, description="… and after, as long a time.")
+    after_from: float | None = Field(None, description="When the after side starts, Unix s.")
+
+
+class Applied(_Doc):
+    """What Apply changed on a Deployment (its ``unthrottle.io/last-applied`` record), when,
+    and the verdict."""
+
+    at: float = Field(description="When the change was made, Unix seconds.")
+    policy: str
+    method: str = Field("Rollout", description="Rollout or InPlace.")
+    verdict: str = Field(description="kept, rolled back, still verifying or superseded.")
+    verdict_at: float | None = None
+    reason: str = Field("", description="Why the verdict is what it is.")
+    canary: str | None = Field(None, description="InPlace: the pod resized and verified first.")
+    containers: tuple[AppliedContainer, ...] = ()
+
+
 @dataclass(frozen=True, slots=True)
 class Change:
     """What a container's recommendation changes: (today, recommended) for each field that
@@ -145,6 +191,8 @@ class Container(_Doc):
     period_us: int = Field(DEFAULT_PERIOD_US, ge=1000, description="CFS period, µs.")
     histogram: tuple[Bucket, ...] = Field((), description="Cumulative, bounds ascending.")
     throttle_series: tuple[Point, ...] = Field((), description="Ratio over the window.")
+    usage_series: tuple[Usage, ...] = Field((), description="CPU used over the window.")
+    series_step_s: int | None = Field(None, ge=1, description="The series' step, s.")
 
     @model_serializer(mode="wrap")
     def _always_histogram(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -211,6 +259,7 @@ class Workload(_Doc):
     containers: tuple[Container, ...]
     state: str | None = Field(None, description="The operator's: Recommended, UpToDate …")
     labels: dict[str, str] = Field(default_factory=dict, description="The Deployment's labels.")
+    applied: Applied | None = Field(None, description="What Apply changed, and the verdict.")
 
     @property
     def key(self) -> str:
@@ -381,6 +430,11 @@ class Report(_Doc):
             newly_limited=sum(1 for old, _ in limits if old is None),
             worst=tuple(over[:worst]),
         )
+
+    def applied(self) -> list[Workload]:
+        """The Deployments Apply changed, the latest change first."""
+        found = [w for w in self.workloads if w.applied is not None]
+        return sorted(found, key=lambda w: -(w.applied.at if w.applied else 0.0))
 
     def over_target(self) -> list[tuple[Workload, Container]]:
         """Every container over target, most harmed first (the ones plots are drawn for)."""

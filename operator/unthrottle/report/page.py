@@ -170,6 +170,22 @@ is refined from the unthrottled evidence once applied.</p>
 </section>
 {% endfor %}</div>
 </section>{% endif %}
+{% if applied %}<section aria-labelledby="applied">
+<h2 id="applied">What Apply changed</h2>
+<p class="note">{{ applied_note }}</p>
+<div class="table-wrap"><table id="applied-table">
+<thead><tr>{% for name in applied_columns %}<th scope="col">{{ name }}</th>{% endfor %}</tr></thead>
+<tbody>
+{% for a in applied %}<tr>{% for cell in a.cells %}<td>{{ cell }}</td>{% endfor %}</tr>
+{% endfor %}</tbody>
+</table></div>
+<div class="plots">
+{% for a in applied %}{% if a.plot %}<section>
+<h3>{{ a.cells[0] }} · {{ a.cells[1] }}</h3>
+<figure>{{ a.plot.svg }}<figcaption>{{ a.plot.title }}</figcaption></figure>
+</section>{% endif %}
+{% endfor %}</div>
+</section>{% endif %}
 {% if without %}<section aria-labelledby="without">
 <h2 id="without">Without evidence</h2>
 <div class="table-wrap"><table>

@@ -7,7 +7,11 @@ Two pictures per container over target:
   recommended limit and the recommended limit plus its burst drawn on it: windows right
   of today's line are the throttled ones. Without a histogram (a report read back from
   JSON that lacks one) the demand's p50 / p99 / largest window stand in for it.
-- **throttling over the window**, when the report carries the series.
+- **throttling over the window**, when the report carries the series;
+- **CPU used over the window** (mean per pod and the busiest pod, from cAdvisor's
+  counters) against today's limit and the recommended one, with words on why the
+  recommendation sits above the line: samples 15–60 s apart average sub-second bursts away;
+- **before and after a change Apply made**: the throttle ratio with the change marked.
 
 Every SVG gets a ``<title>`` and ``<desc>`` (its text alternative), ``role="img"``, and
 ids prefixed so that many plots can share one HTML page. No text from the cluster is
@@ -30,11 +34,13 @@ from matplotlib.backends.backend_svg import FigureCanvasSVG
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedFormatter, FixedLocator, NullLocator
 
-from unthrottle.report.model import Container
+from unthrottle.report.model import Container, Point
 
-TODAY = "#D55E00"  # Okabe-Ito vermillion: today's limit, and the windows above it
-RECOMMENDED = "#0072B2"  # Okabe-Ito blue: the recommendation
-BELOW = "#56B4E9"  # sky blue: windows that fit under today's limit
+# Okabe-Ito hues, darkened where needed so that every colour drawn keeps ≥ 4.5:1 against
+# the white page (WCAG's ratio for text; lines and bars are held to it too)
+TODAY = "#B34700"  # vermillion (5.5:1): today's limit, the windows above it, before a change
+RECOMMENDED = "#0072B2"  # blue (5.2:1): the recommendation, and after a change
+BELOW = "#007A5E"  # bluish green (5.3:1): windows that fit under today's limit; mean usage
 INK = "#222222"
 _RC: dict[Any, Any] = {
     "svg.fonttype": "none",  # text stays text: smaller, selectable, no embedded glyph paths
@@ -175,5 +181,83 @@ def throttle_plot(c: Container, target: float, *, prefix: str, title: str,
         ax.set_xlabel("hours before the end of the window")
         ax.set_ylabel("throttled (%)")
         ax.legend(loc="upper left", fontsize=8, frameon=True, framealpha=0.9)
+        ax.grid(color="#dddddd", linewidth=0.5)
+        return _svg(fig, prefix, title, alt)
+
+
+SAMPLES_NOTE = (
+    "Counters sampled every 15–60 s average sub-second bursts away: the kernel "
+    "throttles within 100 ms periods, so the limit must sit above these lines."
+)
+"""Written on the usage plot (text for the plot, not from the cluster)."""
+
+
+def _hours(points: list[float], end: float) -> list[float]:
+    return [(t - end) / 3600 for t in points]
+
+
+def usage_plot(c: Container, *, prefix: str, title: str, alt: str) -> Plot | None:
+    """CPU used per pod over the window (mean and busiest pod), with today's and the
+    recommended limit; None without the series."""
+    points = c.usage_series
+    if len(points) < 2:
+        return None
+    with mpl.rc_context(_RC):
+        fig = Figure(figsize=(_SIZE[0], _SIZE[1] * 0.95))
+        fig.subplots_adjust(left=0.1, right=0.98, top=0.95, bottom=0.3)
+        ax = fig.add_subplot()
+        hours = _hours([p.t for p in points], points[-1].t)
+        ax.plot(hours, [p.peak for p in points], color=INK, linewidth=1.2,
+                label="busiest pod")  # fmt: skip
+        ax.plot(hours, [p.cores for p in points], color=BELOW, linewidth=1.4,
+                label="mean per pod")  # fmt: skip
+        top = max(p.peak for p in points)
+        now = c.current.limit_millicores
+        if now is not None:
+            ax.axhline(now / 1000, color=TODAY, linestyle="--", linewidth=1.6,
+                       label=f"today's limit {now / 1000:g} cores")  # fmt: skip
+            top = max(top, now / 1000)
+        rec = c.recommendation
+        if rec is not None and rec.limit_millicores is not None:
+            ax.axhline(rec.limit_millicores / 1000, color=RECOMMENDED, linewidth=1.8,
+                       label=f"recommended {rec.limit_millicores / 1000:g} cores")  # fmt: skip
+            top = max(top, rec.limit_millicores / 1000)
+        ax.set_ylim(0, top * 1.15 or 1.0)
+        ax.set_xlabel("hours before the end of the window")
+        ax.set_ylabel("CPU used (cores)")
+        ax.legend(loc="upper left", fontsize=8, frameon=True, framealpha=0.9, ncol=2)
+        ax.grid(color="#dddddd", linewidth=0.5)
+        fig.text(0.01, 0.02, SAMPLES_NOTE, fontsize=7.5, wrap=True)
+        return _svg(fig, prefix, title, alt)
+
+
+def applied_plot(series: tuple[Point, ...], *, at: float, after_from: float | None,
+                 target: float, prefix: str, title: str, alt: str) -> Plot | None:  # fmt: skip
+    """The throttle ratio before (vermillion) and after (blue) a change, the change marked;
+    None without two points."""
+    if len(series) < 2:
+        return None
+    with mpl.rc_context(_RC):
+        fig = Figure(figsize=(_SIZE[0], _SIZE[1] * 0.85))
+        fig.subplots_adjust(left=0.1, right=0.98, top=0.93, bottom=0.2)
+        ax = fig.add_subplot()
+        before = [p for p in series if p.t <= at]
+        after = [p for p in series if p.t > at]
+        if before:
+            ax.plot(_hours([p.t for p in before], at), [p.ratio * 100 for p in before],
+                    color=TODAY, linewidth=1.5, label="before")  # fmt: skip
+        if after:
+            ax.plot(_hours([p.t for p in after], at), [p.ratio * 100 for p in after],
+                    color=RECOMMENDED, linewidth=1.5, label="after")  # fmt: skip
+        ax.axvline(0, color=INK, linestyle=":", linewidth=1.4, label="the change")
+        if after_from is not None and after_from > at:
+            ax.axvline((after_from - at) / 3600, color=INK, linestyle="-.", linewidth=1.0,
+                       label="verification starts")  # fmt: skip
+        ax.axhline(target * 100, color=INK, linestyle="--", linewidth=1.0,
+                   label=f"target {target * 100:g} %")  # fmt: skip
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("hours since the change")
+        ax.set_ylabel("throttled (%)")
+        ax.legend(loc="upper right", fontsize=8, frameon=True, framealpha=0.9)
         ax.grid(color="#dddddd", linewidth=0.5)
         return _svg(fig, prefix, title, alt)

@@ -3,6 +3,8 @@ percentages, bursts in milliseconds. Every renderer uses these, so the formats a
 
 from __future__ import annotations
 
+import time
+
 from unthrottle.cfs.settings import format_cpu
 
 DASH = "–"
@@ -52,3 +54,18 @@ def change(old: str, new: str) -> str:
 def plural(n: int, word: str, words: str | None = None) -> str:
     """``1 container``, ``3 containers``."""
     return f"{n} {word if n == 1 else (words or word + 's')}"
+
+
+def duration(seconds: float) -> str:
+    """``5 m``, ``2 h``, ``1 d``, ``90 s``."""
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)} {unit}"
+    if seconds >= 3_600:
+        return f"{seconds / 3_600:.1f} h"
+    return f"{int(seconds // 60)} m" if seconds >= 60 else f"{int(seconds)} s"
+
+
+def when(unix_s: float) -> str:
+    """``2026-01-05 14:03 UTC``."""
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(unix_s))

@@ -26,9 +26,11 @@ from unthrottle.scan.result import (
     WorkloadResult,
 )
 from unthrottle.scan.reuse import EngineCache, ReuseSettings
+from unthrottle.scan.series import PLOTTED, plotted, with_series
 
 __all__ = [
     "FATAL",
+    "PLOTTED",
     "ClusterError",
     "ContainerResult",
     "EngineCache",
@@ -44,7 +46,9 @@ __all__ = [
     "assess",
     "current_of",
     "gather",
+    "plotted",
     "scan",
     "select",
     "where",
+    "with_series",
 ]

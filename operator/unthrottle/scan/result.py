@@ -10,6 +10,7 @@ from enum import StrEnum
 from typing import Any
 
 from unthrottle.cfs.settings import DEFAULT_PERIOD_US
+from unthrottle.metrics.plots import ContainerSeries
 from unthrottle.recommend import Recommendation, Runtime
 
 
@@ -65,6 +66,9 @@ class ContainerResult:
     period_us: int = DEFAULT_PERIOD_US
     """The CFS period it was assessed at, µs: the node agent's where it reports one, else
     the request's (``--cfs-period``); the recommendation's reasons say which."""
+    series: ContainerSeries | None = None
+    """Its counters step by step over the window, for the report's plots (read only for
+    the containers plotted: :func:`unthrottle.scan.series.with_series`)."""
 
     def harm(self, target: float) -> float:
         """Throttling × how far over the target: the order people should look in."""
@@ -105,7 +109,23 @@ class ContainerResult:
         }
         if self.period_us != DEFAULT_PERIOD_US:
             out["period_us"] = self.period_us
+        if self.series is not None:
+            out.update(series_json(self.series))
         return out
+
+
+def series_json(series: ContainerSeries) -> dict[str, Any]:
+    """The plotted series as the report's JSON carries them: the throttle ratio per step
+    (steps with periods), CPU used per pod (mean and busiest), cores, per step."""
+    return {
+        "series_step_s": series.step_s,
+        "throttle_series": [{"t": round(t), "ratio": round(r, 5)} for t, r in series.ratios()],
+        "usage_series": [
+            {"t": round(t), "cores": round(mean, 4), "peak": round(peak, 4)}
+            for t, mean, peak in zip(series.times, series.usage_cores, series.peak_cores,
+                                     strict=True)
+        ],
+    }  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +137,9 @@ class WorkloadResult:
     containers: tuple[ContainerResult, ...]
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
+    applied: dict[str, Any] | None = None
+    """What Apply changed and its verdict, measured (:func:`unthrottle.scan.series.with_series`);
+    None: not read, or no change recorded."""
 
     def harm(self, target: float) -> float:
         """Its most harmed container's."""
@@ -149,6 +172,7 @@ class ScanResult:
                     "namespace": w.namespace,
                     "deployment": w.deployment,
                     "containers": [c.to_json() for c in w.containers],
+                    **({"applied": w.applied} if w.applied is not None else {}),
                 }
                 for w in self.workloads
             ],

@@ -1,0 +1,301 @@
+"""Reports on day one: a real Prometheus holding only cAdvisor's counters (no
+``unthrottle_*`` series at all) still gives every throttled container its pictures, read
+in a handful of batched queries whatever the number of plotted containers.
+
+The history (:func:`counters`): cAdvisor's four CPU counters per pod, a sample every
+30 s, throttling and usage swinging over a 2-hour cycle; optionally kube-state-metrics'
+owner and limit series (for ``--no-cluster``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import requests
+
+from kube import Kube
+from prom import PrometheusServer, requires_prometheus
+from shop import Workload, deploy
+from test_report_html import (  # noqa: F401 (browser: a fixture)
+    DRAWN_PATHS,
+    LABELS,
+    BrowserContext,
+    _contrast,
+    _open,
+    browser,
+    requires_browser,
+)
+from unthrottle.devtools.kube import ControlPlane
+from unthrottle.metrics.plots import step_for
+from unthrottle.metrics.source import PrometheusConfig, PrometheusSource
+from unthrottle.report import Report, render_html
+from unthrottle.scan import ScanRequest, assess, gather, plotted, select, with_series
+
+pytestmark = requires_prometheus
+UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
+HOURS_6 = 6 * 3600
+SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "img" / "report-counters.png"
+"""The README's picture of a counters-only report (rewritten by the browser test)."""
+
+STEP = 30
+
+
+@dataclass(frozen=True)
+class Pods:
+    """Pods of one Deployment container over a span, throttled ``factor`` × as usual."""
+
+    workload: Workload
+    names: tuple[str, ...]
+    start: int
+    end: int
+    factor: float = 1.0
+
+
+def _wave(t: int) -> float:
+    return 1 + 0.6 * math.sin(2 * math.pi * t / 7200)
+
+
+def counters(spans: list[Pods], *, owners: bool = False) -> str:
+    """OpenMetrics text (without ``# EOF``)."""
+    lines: list[str] = []
+    for span in spans:
+        w = span.workload
+        throttled = min(0.9, w.throttled_share() * span.factor)
+        mean = min((1 - w.share) * w.base + w.share * w.burst, w.limit)
+        for pod in span.names:
+            labels = f'namespace="{w.namespace}",pod="{pod}",container="{w.container}"'
+            total = {"usage_seconds": 0.0, "cfs_periods": 0.0, "cfs_throttled_periods": 0.0,
+                     "cfs_throttled_seconds": 0.0}  # fmt: skip
+            for t in range(span.start, span.end + 1, STEP):
+                wave = _wave(t)
+                total["usage_seconds"] += min(mean * wave, w.limit) * STEP
+                total["cfs_periods"] += 10 * STEP
+                total["cfs_throttled_periods"] += min(1.0, throttled * wave) * 10 * STEP
+                total["cfs_throttled_seconds"] += throttled * wave * STEP / 2
+                lines += [f"container_cpu_{m}_total{{{labels}}} {v:.6f} {t}"
+                          for m, v in total.items()]  # fmt: skip
+                if owners:
+                    rs = pod.rsplit("-", 1)[0]
+                    lines += [
+                        f'kube_pod_owner{{namespace="{w.namespace}",pod="{pod}",'
+                        f'owner_kind="ReplicaSet",owner_name="{rs}"}} 1 {t}',
+                        f'kube_replicaset_owner{{namespace="{w.namespace}",replicaset="{rs}",'
+                        f'owner_kind="Deployment",owner_name="{w.name}"}} 1 {t}',
+                        f'kube_pod_container_resource_limits{{{labels},resource="cpu"}} '
+                        f"{w.limit} {t}",
+                        f'kube_pod_container_resource_requests{{{labels},resource="cpu"}} '
+                        f"{w.limit / 2} {t}",
+                    ]  # fmt: skip
+    return _sorted(lines)
+
+
+def _sorted(lines: list[str]) -> str:
+    """One series' samples together, in time order (promtool wants each series' samples
+    ascending; series may interleave)."""
+    by_series: dict[str, list[str]] = {}
+    for line in lines:
+        by_series.setdefault(line.rsplit(" ", 2)[0], []).append(line)
+    out = []
+    for series_lines in by_series.values():
+        seen: set[str] = set()
+        for line in series_lines:
+            stamp = line.rsplit(" ", 1)[1]
+            if stamp not in seen:  # the owner series repeat per pod: once per time
+                seen.add(stamp)
+                out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def pods_of(w: Workload, end: int, span: int = HOURS_6) -> Pods:
+    return Pods(w, tuple(w.pod_names()), end - span, end)
+
+
+SHOP = [
+    Workload("day1", "checkout", 0.1, 0.10, 1.2, 0.5, 3),
+    Workload("day1", "search", 0.2, 0.06, 1.5, 0.6, 2),
+    Workload("day1", "cart", 0.1, 0.20, 0.9, 0.4, 2),
+    Workload("day1", "catalog", 0.3, 0.0, 0.0, 1.0, 2),
+    Workload("day1", "static", 0.05, 0.0, 0.0, 0.5, 1),
+]
+"""Three throttled (10-30 % of periods), two never."""
+
+SVG = re.compile(r"<svg\b.*?</svg>", re.S)
+LINE = re.compile(r'<path d="M [^"]*L [^"]*"')
+"""A drawn line: a path that moves, then draws at least one segment."""
+
+
+def plot_sections(html: str) -> dict[str, list[str]]:
+    """``namespace/deployment · container`` → the SVGs of its plot section."""
+    out = {}
+    for m in re.finditer(r'<section id="c\d+"[^>]*>\s*<h3[^>]*>(.*?)</h3>(.*?)</section>', html,
+                         re.S):  # fmt: skip
+        out[m.group(1).replace("&middot;", "·")] = SVG.findall(m.group(2))
+    return out
+
+
+def http_queries(url: str) -> dict[str, float]:
+    """Prometheus's own count of the queries it answered, by API handler."""
+    text = requests.get(url + "/metrics", timeout=10).text
+    found = re.findall(r'prometheus_http_requests_total\{code="200",'
+                       r'handler="(/api/v1/query[a-z_]*)"\} (\S+)', text)  # fmt: skip
+    return {handler: float(v) for handler, v in found}
+
+
+@dataclass
+class Day1:
+    placed: list[Workload]
+    url: str
+    kubeconfig: Path
+    folder: Path
+
+    def recommend(self, fmt: str, *more: str) -> tuple[str, dict[str, float]]:
+        """``unthrottle recommend --format FMT`` as a user runs it; its output, and the
+        queries Prometheus answered for it."""
+        before = http_queries(self.url)
+        out = subprocess.run(
+            [str(UNTHROTTLE), "recommend", "--prometheus", self.url, "--namespace",
+             self.placed[0].namespace, "--window", "6h", "--format", fmt, *more],
+            capture_output=True, text=True, timeout=180, check=False,
+            env={**os.environ, "KUBECONFIG": str(self.kubeconfig)},
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        after = http_queries(self.url)
+        return out.stdout, {k: after.get(k, 0) - before.get(k, 0) for k in after}
+
+
+@pytest.fixture(scope="module")
+def day1(tmp_path_factory: pytest.TempPathFactory, control_plane: ControlPlane) -> Iterator[Day1]:
+    folder = tmp_path_factory.mktemp("day1")
+    kube = Kube(control_plane)
+    placed = deploy(kube, SHOP)
+    end = int(time.time()) // 60 * 60
+    try:
+        with PrometheusServer(
+            folder, openmetrics=counters([pods_of(w, end) for w in placed])
+        ) as prom:
+            yield Day1(placed, prom.url, kube.kubeconfig(folder / "kubeconfig"), folder)
+    finally:
+        kube.delete("v1/namespaces", None, placed[0].namespace)
+
+
+class TestRecommendOnCountersOnly:
+    def test_prometheus_holds_no_agent_series(self, day1: Day1) -> None:
+        source = PrometheusSource(PrometheusConfig(day1.url))
+        assert source.instant('count({__name__=~"unthrottle_.*"})') == []
+        assert source.instant("count(container_cpu_cfs_periods_total)")[0].value == 10
+
+    def test_every_throttled_container_has_plots_with_a_drawn_line(self, day1: Day1) -> None:
+        html, _ = day1.recommend("html")
+        (day1.folder / "day1.html").write_text(html)
+        sections = plot_sections(html)
+        throttled = {f"{w.namespace}/{w.name} · app" for w in day1.placed if w.share > 0}
+        assert set(sections) == throttled
+        for name, svgs in sections.items():
+            assert len(svgs) >= 2, name  # throttling over the window, and CPU used
+            assert all(LINE.search(svg) for svg in svgs), name
+            assert all("<desc" in svg for svg in svgs), name
+        assert "sub-second bursts" in html  # on the plot: why the limit sits above the line
+
+    def test_the_usage_plot_draws_todays_and_the_recommended_limit(self, day1: Day1) -> None:
+        html, _ = day1.recommend("html")
+        checkout = plot_sections(html)[f"{day1.placed[0].namespace}/checkout · app"]
+        usage = next(svg for svg in checkout if "CPU used" in svg)
+        assert "today&#x27;s limit 0.5 cores" in usage or "today's limit 0.5 cores" in usage
+        assert "recommended" in usage
+
+    def test_plots_cost_three_range_queries_and_other_formats_none(self, day1: Day1) -> None:
+        _, plain = day1.recommend("markdown")
+        _, drawn = day1.recommend("html")
+        assert plain.get("/api/v1/query_range", 0) == 0
+        assert drawn["/api/v1/query_range"] == 3
+        assert drawn["/api/v1/query"] == plain["/api/v1/query"]
+
+
+# -- fifty plotted containers, no cluster: the batch stays a handful ----------------------
+
+MANY = [Workload("fleet", f"svc-{i:03d}", 0.1, 0.04 + 0.002 * i, 1.2, 0.5, 1) for i in range(64)]
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    end = int(time.time()) // 60 * 60
+    history = counters([pods_of(w, end, 3 * 3600) for w in MANY], owners=True)
+    with PrometheusServer(tmp_path_factory.mktemp("fleet"), openmetrics=history) as prom:
+        yield prom.url
+
+
+def test_fifty_plotted_containers_cost_three_queries_and_all_are_drawn(fleet: str) -> None:
+    source = PrometheusSource(PrometheusConfig(fleet))
+    request = ScanRequest(window_s=3 * 3600, now=time.time(), namespaces=("fleet",))
+    selection = select(request, None, source)
+    found, problems = gather(request, source, selection)
+    result = assess(request, selection, found, problems=problems)
+    assert len(plotted(result)) == 50 < sum(1 for w in result.workloads
+                                              if w.harm(result.target) > 0)  # fmt: skip
+    sent = source.queries
+    drawn = with_series(result, source)
+    assert source.queries - sent == 3
+    with_series_count = sum(1 for w in drawn.workloads for c in w.containers if c.series)
+    assert with_series_count == 50
+    started = time.perf_counter()
+    html = render_html(Report.from_scan(drawn, window="3h"))
+    took = time.perf_counter() - started
+    sections = plot_sections(html)
+    assert len(sections) == 50
+    assert all(len(svgs) >= 2 and all(LINE.search(s) for s in svgs) for svgs in sections.values())
+    print(f"50 plotted from counters: {len(html) / 1e6:.2f} MB HTML in {took:.1f} s")
+
+
+def test_the_step_fits_the_window() -> None:
+    assert step_for(3600) == 300  # five samples a step at the slowest scrape
+    assert step_for(6 * 3600) == 300
+    assert step_for(7 * 86_400) == 3600  # 168 points
+    assert all(w // step_for(w) <= 240 for w in (3600, 86_400, 7 * 86_400, 30 * 86_400))
+
+
+# -- in the real browser ------------------------------------------------------------------
+
+STROKES = """() => Array.from(document.querySelectorAll('figure svg g[id*="line2d"] path')).map(
+  p => getComputedStyle(p).stroke).filter(s => s && s !== 'none')"""
+
+
+@requires_browser
+def test_the_counters_only_page_in_a_real_browser(
+    day1: Day1,
+    browser: BrowserContext,  # noqa: F811 (the fixture)
+) -> None:
+    html, _ = day1.recommend("html")
+    path = day1.folder / "browser.html"
+    path.write_text(html)
+    for visit in _open(browser, path):
+        page = visit.page
+        page.wait_for_timeout(300)
+        assert visit.errors == []
+        assert len(visit.requests) == 1 and visit.requests[0].startswith("file://")
+        svgs = page.locator("figure svg")
+        assert svgs.count() >= 6
+        for i in range(svgs.count()):
+            svg = svgs.nth(i)
+            assert svg.get_attribute("role") == "img"
+            assert svg.evaluate(DRAWN_PATHS) > 3
+            assert all(len(t) > 20 for t in svg.evaluate(LABELS))  # title and description
+        colours = {tuple(float(x) for x in re.findall(r"[\d.]+", s)[:3])
+                   for s in page.evaluate(STROKES)}  # fmt: skip
+        drawn = {c for c in colours if c not in {(255.0, 255.0, 255.0), (221.0, 221.0, 221.0)}}
+        assert len(drawn) >= 4  # the data lines' and limits' colours (the light grid is not data)
+        for colour in drawn:
+            assert _contrast(colour, (255, 255, 255)) >= 4.5, colour
+        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        page.evaluate("document.querySelectorAll('details').forEach(d => { d.open = false; })")
+        page.locator("#c1").scroll_into_view_if_needed()
+        page.locator("#c1").screenshot(path=str(SCREENSHOT))
+        assert SCREENSHOT.stat().st_size > 10_000
