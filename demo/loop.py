@@ -302,15 +302,25 @@ def apps() -> list[App]:
     return out
 
 
+POD_QUOTA = os.environ.get("UNTHROTTLE_DEMO_POD_QUOTA") == "1"
+"""Give each pod's cgroup a quota too, as a kubelet does (the sum of its containers'
+limits). Off by default: that quota runs on a period grid of its own, and the throttling
+it causes is not in the container's counters, which are all the agent and cAdvisor export
+per container: unthrottle under-sizes such a container (measured here: batch recommended
+1010–1530m instead of 1980m, and still 59–78 % throttled after). A known gap
+(README, "Limits"); ``UNTHROTTLE_DEMO_POD_QUOTA=1`` shows it."""
+
+
 class KubeletTree:
     """The cgroups a kubelet (cgroupfs driver) makes for the node's pods, below ``root``:
-    ``kubepods``, its QoS levels, and when a pod starts, its cgroup with the sum of its
-    containers' limits as quota and its container's cgroup with the container's own (period
-    100 ms, no burst: the agent writes that). :meth:`resize` is the kubelet's part of an
-    in-place resize. Every cgroup is removed on exit, containers' first."""
+    ``kubepods``, its QoS levels, and when a pod starts, its cgroup (with the sum of its
+    containers' limits as quota, with ``pod_quota``) and its container's cgroup with the
+    container's own (period 100 ms, no burst: the agent writes that). :meth:`resize` is the
+    kubelet's part of an in-place resize. Every cgroup is removed on exit, containers'
+    first."""
 
-    def __init__(self, layout: Any, root: str) -> None:
-        self.layout, self.root = layout, root
+    def __init__(self, layout: Any, root: str, *, pod_quota: bool = POD_QUOTA) -> None:
+        self.layout, self.root, self.pod_quota = layout, root, pod_quota
         self.made: list[Any] = []
         self.writes: list[str] = []
         """What :meth:`resize` wrote, in order, for the screen."""
@@ -340,7 +350,7 @@ class KubeletTree:
             parent = f"{parent}/{part}"
             self._make(parent)
         quota = quota_of(pod.limit_millicores)
-        self._make(f"{self.root}/{pod.cgroup}", quota)
+        self._make(f"{self.root}/{pod.cgroup}", quota if self.pod_quota else None)
         self._make(f"{self.root}/{pod.container_cgroup}", quota)
         return f"{self.root}/{pod.container_cgroup}"
 
@@ -361,14 +371,17 @@ class KubeletTree:
         own = Cgroup(self.layout, f"{self.root}/{pod.container_cgroup}")
         new, old = quota_of(parse_cpu(limit)), own.read_bandwidth().quota_us
         pod_old = pod_cg.read_bandwidth().quota_us
-        if old is None or pod_old is None:
+        if old is None:
             raise ValueError(f"pod {pod.name}: no quota to resize")
-        pod_new = pod_old - old + new
-        order = (
-            [(pod_cg, pod_new), (own, new)]
-            if pod_new >= pod_old
-            else [(own, new), (pod_cg, pod_new)]
-        )
+        if pod_old is None:  # no pod quota (UNTHROTTLE_DEMO_POD_QUOTA unset)
+            order = [(own, new)]
+        else:
+            pod_new = pod_old - old + new
+            order = (
+                [(pod_cg, pod_new), (own, new)]
+                if pod_new >= pod_old
+                else [(own, new), (pod_cg, pod_new)]
+            )
         for cg, quota in order:
             cg.write_quota(quota)
         said = ", then ".join(f"{'pod' if cg is pod_cg else 'container'} {q / 1000:g} ms"
@@ -533,15 +546,19 @@ def resize_in_place(kube: Kube, operator: Any, today: dict[str, Pod], tree: Kube
 
 def burst_written(layout: Any, root: str, pods: dict[str, Pod], timeout_s: float = 20) -> None:
     """Wait until the agent wrote each pod's burst (from the annotation the operator set)
-    into its container's cgroup and its pod's (the sum of its containers', here the one)."""
+    into its container's cgroup and, where the pod has a quota (``POD_QUOTA``), its pod's
+    (the sum of its containers', here the one; without a quota the agent leaves it 0)."""
     from unthrottle.cgroups import Cgroup
 
     say("5. the node agent writes the burst the pods' annotations now ask for, into the same "
         "cgroups")  # fmt: skip
     deadline = time.monotonic() + timeout_s
     for name, pod in pods.items():
-        cgroups = [Cgroup(layout, f"{root}/{p}") for p in (pod.container_cgroup, pod.cgroup)]
-        while (seen := [cg.read_bandwidth().burst_us for cg in cgroups]) != [pod.burst_us] * 2:
+        paths = (pod.container_cgroup, pod.cgroup) if POD_QUOTA else (pod.container_cgroup,)
+        cgroups = [Cgroup(layout, f"{root}/{p}") for p in paths]
+        while (seen := [cg.read_bandwidth().burst_us for cg in cgroups]) != (
+            [pod.burst_us] * len(cgroups)
+        ):
             if time.monotonic() > deadline:
                 raise SystemExit(f"{name}: the agent did not write the burst of "
                                  f"{pod.burst_us} µs (the cgroups have {seen})")  # fmt: skip
@@ -609,7 +626,8 @@ def compare(apps_: dict[str, App], root: str, today: dict[str, Pod], now: dict[s
               f"{', '.join(n for n in apps_ if n not in same)}")  # fmt: skip
     else:
         print("  0 pods restarted: same pod UID, container ID and cgroup")
-    pod_cgroups(apps_, before, after)
+    if POD_QUOTA:
+        pod_cgroups(apps_, before, after)
     return results
 
 
@@ -617,6 +635,10 @@ def on_the_kernel(layout: Any, folder: Path, kube: Kube) -> None:
     pods = {app.name: app for app in apps()}
     say("1. the Deployments, rolled out by the real Deployment controller onto the fake node; "
         "each pod's cgroups made as its kubelet makes them")  # fmt: skip
+    if not POD_QUOTA:
+        print("  (the pods' own cgroups carry no quota here; a kubelet gives them the sum of "
+              "their containers' limits, whose throttling the containers' counters do not "
+              "show: UNTHROTTLE_DEMO_POD_QUOTA=1 shows it, README \"Limits\")")  # fmt: skip
     for app in pods.values():
         kube.create("apps/v1/deployments", app.deployment())
     today = {name: pod_of(kube, name) for name in pods}
