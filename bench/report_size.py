@@ -1,6 +1,6 @@
 """How long the reports take to render over a big cluster, and how large they are.
 
-    .venv/bin/python bench/report_size.py [--deployments 1000] [--containers 2] [--runs 3]
+    .venv/bin/python bench/report_size.py [--deployments 1000] [--containers 2] [--runs 5]
                                           [--window 24h] [--save bench/results/report-size.json]
 
 A scan result of 1,000 Deployments with 2 containers each (2,000 containers), as the
@@ -49,6 +49,7 @@ from unthrottle.operator.settings import OperatorSettings  # noqa: E402
 from unthrottle.recommend import Current, Policy, Runtime, recommend  # noqa: E402
 from unthrottle.recommend.histogram import evidence_from_histogram  # noqa: E402
 from unthrottle.report import RenderOptions, Report, markdown, render  # noqa: E402
+from unthrottle.report.html import MAX_PLOTS  # noqa: E402
 from unthrottle.report.thinning import CONFIGMAP_POINTS, thin  # noqa: E402
 from unthrottle.scan import ContainerResult, ScanResult, WorkloadResult  # noqa: E402
 from unthrottle.scan.result import Problem, ProblemKind  # noqa: E402
@@ -156,6 +157,7 @@ def _counter_container(i: int, name: str, policy: Policy, series: ContainerSerie
         WorkloadKey("", "", name), pods={f"p{n}" for n in range(PODS)},
         usage_s=sum(series.usage_cores) * PODS * series.step_s,
         periods=sum(series.periods), throttled_periods=sum(series.throttled),
+        # a throttled period waits out what its burst wanted beyond the quota
         throttled_s=sum(series.throttled) * 0.1 * (1 - min(1.0, limit / burst)) if share else 0.0,
         limit_millicores=millicores, request_millicores=millicores // 2,
     )  # fmt: skip
@@ -196,12 +198,15 @@ def counters_only(deployments: int = 1000, containers: int = 2, *, target: float
                    "cAdvisor counters (coarse: 15-60 s samples cannot show 100 ms bursts), at "
                    "a CFS period of 100 ms (the default)")  # fmt: skip
     result = ScanResult(NOW, window_s, target, tuple(workloads), (note,))
-    keys = set(plotted(result))
-    return replace(result, workloads=tuple(
-        replace(w, containers=tuple(
-            replace(c, series=series[k]) if (k := WorkloadKey(w.namespace, w.deployment, c.name))
-            in keys else c for c in w.containers))
-        for w in result.workloads))  # fmt: skip
+    keys = set(plotted(result))  # the containers with_series reads the series of
+    attached = []
+    for w in result.workloads:
+        cs = []
+        for c in w.containers:
+            key = WorkloadKey(w.namespace, w.deployment, c.name)
+            cs.append(replace(c, series=series[key]) if key in keys else c)
+        attached.append(replace(w, containers=tuple(cs)))
+    return replace(result, workloads=tuple(attached))
 
 
 def _size(output: str | dict[str, str]) -> int:
@@ -210,56 +215,100 @@ def _size(output: str | dict[str, str]) -> int:
     return sum(len(text.encode()) for text in output.values())
 
 
-def _timed(runs: int, make: Callable[[], Any]) -> tuple[float, Any]:
-    """The median seconds of ``runs`` calls, and the last call's answer."""
+def _timed(runs: int, make: Callable[[], Any]) -> tuple[list[float], Any]:
+    """The seconds of ``runs`` calls, and the last call's answer."""
     seconds, out = [], None
     for _ in range(runs):
         started = time.perf_counter()
         out = make()
         seconds.append(time.perf_counter() - started)
-    return statistics.median(seconds), out
+    return seconds, out
 
 
-def measure(result: ScanResult, runs: int) -> list[tuple[str, float, int]]:
-    """(format, median seconds, bytes) for the report formats, and for the model itself."""
-    secs, report = _timed(runs, lambda: Report.from_scan(
+def _row(seconds: list[float], output: str | dict[str, str] | None = None) -> dict[str, Any]:
+    """Median and every run's seconds; the output's bytes and ``<svg>`` elements."""
+    row: dict[str, Any] = {"s": round(statistics.median(seconds), 3),
+                           "runs_s": [round(x, 3) for x in seconds]}  # fmt: skip
+    if output is not None:
+        row["bytes"] = _size(output)
+        row["svg"] = output.count("<svg") if isinstance(output, str) else 0
+    return row
+
+
+GITHUB_COMMENT_CHARS = 65_536
+"""The longest comment GitHub takes, characters."""
+
+
+def comment_fit(report: Report) -> dict[str, int]:
+    """Characters of ``recommend --top N --format markdown`` at 25 and 50, and the largest
+    ``--top`` whose Markdown fits one GitHub comment."""
+
+    def chars(n: int) -> int:
+        text = render(report.top(n), "markdown")
+        assert isinstance(text, str)
+        return len(text)
+
+    low, high = 0, len(report.workloads)
+    while low < high:  # the largest n with chars(n) <= the limit
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if chars(mid) <= GITHUB_COMMENT_CHARS else (low, mid - 1)
+    return {"top_25_chars": chars(25), "top_50_chars": chars(50), "largest_top_that_fits": low}
+
+
+def measure(result: ScanResult, runs: int) -> dict[str, dict[str, Any]]:
+    """Each report format's render time, bytes and plots, and the model's build time."""
+    seconds, report = _timed(runs, lambda: Report.from_scan(
         result, window="7d", prometheus="http://prometheus:9090"))  # fmt: skip
-    rows = [("model (from_scan)", secs, 0)]
-    for fmt in ("markdown", "html", "json", "kustomize"):
-        secs, output = _timed(runs, lambda fmt=fmt: render(report, fmt, RenderOptions()))
-        rows.append((fmt, secs, _size(output)))
+    rows = {"model (from_scan)": _row(seconds)}
+    for label, fmt, options in HISTOGRAM_FORMATS:
+        seconds, output = _timed(runs, lambda f=fmt, o=options: render(report, f, o))
+        rows[label] = _row(seconds, output)
     return rows
 
 
-COUNTER_FORMATS = (
+HISTOGRAM_FORMATS = (
     ("Markdown", "markdown", RenderOptions()),
-    ("JSON", "json", RenderOptions()),
-    ("HTML", "html", RenderOptions()),
-    ("HTML, no plots", "html", RenderOptions(max_plots=0)),
+    ("HTML, 50 plots", "html", RenderOptions()),
+    ("HTML, no plots (`max_plots=0`)", "html", RenderOptions(max_plots=0)),
+    ("JSON (`indent=2`)", "json", RenderOptions()),
+    ("kustomize", "kustomize", RenderOptions()),
 )
-"""(label, format, options) of the counters-only report."""
-
-
-def _svgs(text: str) -> int:
-    return text.count("<svg")
+"""(label, format, options) of the report with the agent's histograms."""
+COUNTER_FORMATS = (
+    ("Markdown", "markdown", RenderOptions(), True),
+    ("JSON (`indent=2`)", "json", RenderOptions(), True),
+    ("JSON (`indent=2`) without the series", "json", RenderOptions(), False),
+    ("HTML, 50 containers plotted", "html", RenderOptions(), True),
+    ("HTML, no plots (`max_plots=0`)", "html", RenderOptions(max_plots=0), True),
+)
+"""(label, format, options, with the series?) of the counters-only report."""
 
 
 def measure_counters(result: ScanResult, runs: int, window: str) -> dict[str, Any]:
     """Render times, sizes and ``<svg>`` counts of a counters-only report with its series."""
-    secs, report = _timed(runs, lambda: Report.from_scan(
+    seconds, report = _timed(runs, lambda: Report.from_scan(
         result, window=window, prometheus="http://prometheus:9090"))  # fmt: skip
-    with_series = [c for w in report.workloads for c in w.containers if c.usage_series]
-    out: dict[str, Any] = {
-        "model_s": round(secs, 3),
-        "containers_with_series": len(with_series),
-        "series_step_s": with_series[0].series_step_s if with_series else None,
-        "points_per_series": len(with_series[0].usage_series) if with_series else 0,
-        "formats": {},
+    plotted_ = [c for w in report.workloads for c in w.containers if c.usage_series]
+    bare = Report.from_scan(without_series(result), window=window,
+                            prometheus="http://prometheus:9090")  # fmt: skip
+    rows = {"model (from_scan)": _row(seconds)}
+    for label, fmt, options, series in COUNTER_FORMATS:
+        seconds, output = _timed(runs, lambda f=fmt, o=options, r=report if series else bare:
+                                 render(r, f, o))  # fmt: skip
+        rows[label] = _row(seconds, output)
+    return {
+        "containers_with_series": len(plotted_),
+        "series_step_s": plotted_[0].series_step_s if plotted_ else None,
+        "points_per_series": len(plotted_[0].usage_series) if plotted_ else 0,
+        "formats": rows,
     }
-    for label, fmt, options in COUNTER_FORMATS:
-        secs, text = _timed(runs, lambda f=fmt, o=options: render(report, f, o))
-        out["formats"][label] = {"s": round(secs, 3), "bytes": _size(text), "svg": _svgs(text)}
-    return out
+
+
+def without_series(result: ScanResult) -> ScanResult:
+    """The result as a report without plots has it."""
+    return replace(result, workloads=tuple(
+        replace(w, containers=tuple(replace(c, series=None) for c in w.containers))
+        for w in result.workloads))  # fmt: skip
 
 
 def _states(result: ScanResult) -> dict[str, str]:
@@ -274,82 +323,114 @@ def _states(result: ScanResult) -> dict[str, str]:
     return {w.deployment: state(w) for w in result.workloads}
 
 
-def configmap(result: ScanResult, runs: int, window: str) -> dict[str, Any]:
-    """The operator's report ConfigMap as ``Reconciler._write_report`` builds it (thin, the
-    histograms of the first :data:`PLOTTED` only, cut until report.json and report.md fit
-    ``report_max_bytes``), and the HTML ``unthrottle report POLICY`` renders from it."""
+POLICY = {"namespace": "bench", "name": "all"}
+TITLE = "unthrottle: policy bench/all"
+
+
+def configmap(result: ScanResult, window: str, *,
+              max_points: int | None = CONFIGMAP_POINTS) -> tuple[dict[str, Any], str]:  # fmt: skip
+    """The operator's report ConfigMap as ``Reconciler._write_report`` builds it: series
+    thinned to ``max_points`` (None: not thinned), histograms past the first
+    :data:`PLOTTED` Deployments dropped, then cut until report.json and report.md fit
+    ``report_max_bytes``. Its figures, and its report.json."""
     cap = OperatorSettings.__dataclass_fields__["report_max_bytes"].default
-    states, title = _states(result), "unthrottle: policy bench/all"
-    raw = json.dumps(dict(result.to_json(window), policy={"namespace": "bench", "name": "all"}),
-                     separators=(",", ":"))  # fmt: skip
-    thin_s, doc = _timed(runs, lambda: thin(result.to_json(window), CONFIGMAP_POINTS))
-    doc["policy"] = {"namespace": "bench", "name": "all"}
+    states = _states(result)
+    doc = result.to_json(window)
+    started = time.perf_counter()
+    if max_points is not None:
+        thin(doc, max_points)
+    thin_s = time.perf_counter() - started
+    doc["policy"] = POLICY
     for rank, w in enumerate(doc["workloads"]):
         w["state"] = states.get(w["deployment"])
         if rank >= PLOTTED:
             for c in w["containers"]:
                 c["histogram"] = []
     total = limit = len(doc["workloads"])
+    whole = len(json.dumps(doc, separators=(",", ":")))
     cuts = 0
     while True:  # the reconcile's loop, as it is
         shown = dict(doc, workloads=doc["workloads"][:limit])
         if limit < total:
             shown["truncated"] = {"shown": limit, "left_out": total - limit}
         text_json = json.dumps(shown, separators=(",", ":"))
-        text_md = markdown(result, title=title, states=states,
+        text_md = markdown(result, title=TITLE, states=states,
                            max_workloads=min(limit, MARKDOWN_ROWS))  # fmt: skip
         size = len(text_json) + len(text_md)
         if size <= cap or limit == 0:
             break
         cuts += 1
         limit = min(limit - 1, int(limit * cap / size * 0.9))
-    thinned = [c for w in shown["workloads"] for c in w["containers"] if c.get("usage_series")]
+    drawn = [c for w in shown["workloads"] for c in w["containers"] if c.get("usage_series")]
     series_bytes = sum(len(json.dumps({k: c[k] for k in ("throttle_series", "usage_series")},
-                                      separators=(",", ":"))) for c in thinned)  # fmt: skip
-    html_s, html = _timed(runs, lambda: render(Report.from_json(json.loads(text_json)), "html",
-                                               RenderOptions(title=title)))  # fmt: skip
+                                      separators=(",", ":"))) for c in drawn)  # fmt: skip
     return {
-        "cap_bytes": cap,
-        "json_unthinned_bytes": len(raw),
-        "thin_s": round(thin_s, 4),
-        "json_bytes": len(text_json),
-        "markdown_bytes": len(text_md),
-        "total_bytes": size,
-        "deployments_shown": limit,
-        "deployments": total,
-        "cuts": cuts,
-        "containers_with_series": len(thinned),
-        "points_per_series": len(thinned[0]["usage_series"]) if thinned else 0,
-        "series_step_s": thinned[0].get("series_step_s") if thinned else None,
+        "cap_bytes": cap, "thin_s": round(thin_s, 3), "json_all_deployments_bytes": whole,
+        "json_bytes": len(text_json), "markdown_bytes": len(text_md), "total_bytes": size,
+        "deployments_shown": limit, "deployments": total, "cuts": cuts,
+        "containers_with_series": len(drawn),
+        "points_per_series": len(drawn[0]["usage_series"]) if drawn else 0,
+        "series_step_s": drawn[0].get("series_step_s") if drawn else None,
         "series_bytes": series_bytes,
-        "html_from_configmap": {"s": round(html_s, 3), "bytes": len(html.encode()),
-                                "svg": _svgs(html)},
-    }  # fmt: skip
+    }, text_json  # fmt: skip
+
+
+def configmaps(result: ScanResult, runs: int, window: str) -> dict[str, Any]:
+    """The ConfigMap as the operator writes it (thinned), and as it would be with the
+    series whole or without them; the HTML ``unthrottle report POLICY`` renders from the
+    first."""
+    written, text_json = configmap(result, window)
+    report = Report.from_json(json.loads(text_json))
+    html = {}
+    for label, plots in (("html_from_configmap", MAX_PLOTS), ("html_from_configmap_no_plots", 0)):
+        seconds, text = _timed(runs, lambda n=plots: render(
+            report, "html", RenderOptions(title=TITLE, max_plots=n)))  # fmt: skip
+        html[label] = _row(seconds, text)
+    return {
+        "thinned": written,
+        "not thinned": configmap(result, window, max_points=None)[0],
+        "no series": configmap(without_series(result), window)[0],
+        **html,
+    }
 
 
 def _kib(n: int) -> str:
     return f"{n / 1024:,.0f} KiB"
 
 
-def print_counters(c: dict[str, Any], cm: dict[str, Any], runs: int) -> None:
-    """The counters-only tables for docs/benchmarks.md."""
-    print(f"\ncounters only: {c['containers_with_series']} containers with series, "
-          f"{c['points_per_series']} points at {c['series_step_s']} s; "
-          f"model {c['model_s']:.2f} s")  # fmt: skip
+def print_formats(rows: dict[str, dict[str, Any]], runs: int) -> None:
+    """A table of formats: render time, size, plots."""
     print(f"| format | render time (median of {runs}) | size | `<svg>` |")
     print("|---|---|---|---|")
-    for fmt, row in c["formats"].items():
-        print(f"| {fmt} | {row['s']:.2f} s | {_kib(row['bytes'])} | {row['svg']} |")
-    h = cm["html_from_configmap"]
-    print(f"| HTML from the ConfigMap ({cm['points_per_series']} points) | {h['s']:.2f} s | "
-          f"{_kib(h['bytes'])} | {h['svg']} |")  # fmt: skip
+    for label, row in rows.items():
+        size = _kib(row["bytes"]) if "bytes" in row else ""
+        print(f"| {label} | {row['s']:.2f} s | {size} | {row.get('svg', '')} |")
+
+
+def print_fit(fit: dict[str, int]) -> None:
+    """What of the Markdown fits a GitHub comment."""
+    print(f"Markdown --top 25: {fit['top_25_chars']:,} characters, --top 50: "
+          f"{fit['top_50_chars']:,}; a GitHub comment ({GITHUB_COMMENT_CHARS:,}) holds "
+          f"--top {fit['largest_top_that_fits']}")  # fmt: skip
+
+
+def print_configmaps(cms: dict[str, Any]) -> None:
+    """The ConfigMap table."""
+    cap = next(iter(cms.values()))["cap_bytes"]
     print(
-        f"\nConfigMap: JSON {_kib(cm['json_unthinned_bytes'])} unthinned → "
-        f"{_kib(cm['json_bytes'])} thinned ({cm['thin_s'] * 1000:.0f} ms; series "
-        f"{_kib(cm['series_bytes'])}) + Markdown {_kib(cm['markdown_bytes'])} = "
-        f"{_kib(cm['total_bytes'])} of {_kib(cm['cap_bytes'])}; "
-        f"{cm['deployments_shown']} of {cm['deployments']} Deployments, {cm['cuts']} cuts"
+        f"| series in the ConfigMap (cap {_kib(cap)}) | points × step | report.json, all "
+        "Deployments | report.json + report.md written | Deployments shown | series |"
     )
+    print("|---|---|---|---|---|---|")
+    for label in ("thinned", "not thinned", "no series"):
+        cm = cms[label]
+        points = (f"{cm['points_per_series']} × {cm['series_step_s'] // 60} min"
+                  if cm["points_per_series"] else "")  # fmt: skip
+        print(
+            f"| {label} | {points} | {_kib(cm['json_all_deployments_bytes'])} | "
+            f"{_kib(cm['json_bytes'])} + {_kib(cm['markdown_bytes'])} | "
+            f"{cm['deployments_shown']} of {cm['deployments']} | {_kib(cm['series_bytes'])} |"
+        )
 
 
 def main() -> None:
@@ -357,40 +438,51 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--deployments", type=int, default=1000)
     parser.add_argument("--containers", type=int, default=2)
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--window", default="24h", help="the counters-only report's window")
     parser.add_argument("--save", type=Path, default=RESULTS)
     args = parser.parse_args()
+    load_before = os.getloadavg()[0]
     began = started = time.perf_counter()
     result = synthetic(args.deployments, args.containers)
-    report = Report.from_scan(result, window="7d")
-    over = len(report.over_target())
+    over = len(Report.from_scan(result, window="7d").over_target())
     print(f"{args.deployments} Deployments, {args.deployments * args.containers} containers, "
           f"{over} over target (set-up {time.perf_counter() - started:.1f} s)")  # fmt: skip
-    print(f"| format | render time (median of {args.runs}) | size |")
-    print("|---|---|---|")
     rows = measure(result, args.runs)
-    for fmt, secs, size in rows:
-        print(f"| {fmt} | {secs:.2f} s | {size / 1024:,.0f} KiB |" if size else
-              f"| {fmt} | {secs:.2f} s | |")  # fmt: skip
+    print_formats(rows, args.runs)
+    fit = comment_fit(Report.from_scan(result, window="7d", prometheus="http://prometheus:9090"))
+    print_fit(fit)
     started = time.perf_counter()
-    window = args.window
-    counters = counters_only(args.deployments, args.containers, window_s=parse_duration(window))
-    over_c = len(Report.from_scan(counters, window=window).over_target())
-    print(f"\ncounters only, {window} window: {over_c} over target "
-          f"(set-up {time.perf_counter() - started:.1f} s)")  # fmt: skip
-    c = measure_counters(counters, args.runs, window)
-    cm = configmap(counters, args.runs, window)
-    print_counters(c, cm, args.runs)
+    counters = counters_only(args.deployments, args.containers,
+                             window_s=parse_duration(args.window))  # fmt: skip
+    over_c = len(Report.from_scan(counters, window=args.window).over_target())
+    setup = time.perf_counter() - started
+    c = measure_counters(counters, args.runs, args.window)
+    print(f"\ncounters only, {args.window} window: {over_c} over target, "
+          f"{c['containers_with_series']} with series of {c['points_per_series']} points at "
+          f"{c['series_step_s']} s (set-up {setup:.1f} s)")  # fmt: skip
+    cms = configmaps(counters, args.runs, args.window)
+    shown = cms["thinned"]["deployments_shown"]
+    print_formats({**c["formats"], f"HTML from the ConfigMap's report.json ({shown} "
+                   f"Deployments, {cms['thinned']['points_per_series']} points)":
+                   cms["html_from_configmap"], "… no plots": cms["html_from_configmap_no_plots"],
+                   }, args.runs)  # fmt: skip
+    fit_c = comment_fit(Report.from_scan(counters, window=args.window,
+                                         prometheus="http://prometheus:9090"))  # fmt: skip
+    print_fit(fit_c)
+    print()
+    print_configmaps(cms)
     total = time.perf_counter() - began
-    print(f"\nwall {total:.0f} s")
+    load = (round(load_before, 1), round(os.getloadavg()[0], 1))
+    print(f"\nwall {total:.0f} s, load average {load[0]} → {load[1]}")
     args.save.write_text(json.dumps({
-        "measured": time.strftime("%Y-%m-%d"), "load_average": round(os.getloadavg()[0], 1),
+        "measured": time.strftime("%Y-%m-%d"), "load_average": load,
         "deployments": args.deployments, "containers": args.deployments * args.containers,
         "runs": args.runs, "wall_s": round(total, 1),
-        "histogram": {"window": "7d", "over_target": over,
-                      "formats": {f: {"s": round(t, 3), "bytes": b} for f, t, b in rows}},
-        "counters_only": {"window": window, "over_target": over_c, **c, "configmap": cm},
+        "histogram": {"window": "7d", "over_target": over, "formats": rows,
+                      "github_comment": fit},
+        "counters_only": {"window": args.window, "over_target": over_c, **c,
+                          "github_comment": fit_c, "configmap": cms},
     }, indent=1) + "\n")  # fmt: skip
 
 
