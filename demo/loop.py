@@ -251,8 +251,8 @@ def table(rows: Sequence[tuple[str, ...]], header: tuple[str, ...] = COLUMNS) ->
 
 
 def closing(kube: Kube, report: Path, *, cgroups: bool) -> None:
-    wrote = (", and this demo made and resized the cgroups a kubelet would (the agent wrote "
-             "the burst)," if cgroups else "")  # fmt: skip
+    wrote = (", and this demo made and resized the cgroups a kubelet would (the agent writes "
+             "a burst where one is recommended)," if cgroups else "")  # fmt: skip
     print(f"\nThe HTML report: {report}\n(fake nodes (kwok) stood in for kubelets{wrote} on a "
           "real control plane: kube-apiserver, etcd, controller-manager, scheduler "
           f"{kube.plane.version}. On a real cluster, install the chart and apply a policy, "
@@ -483,7 +483,10 @@ def measure(app: App, pod: Pod, layout: Any, root: str) -> Measured:
 def recommend(kube: Kube, operator: Any) -> Path:
     """The operator on the policy in Recommend mode; the report's path."""
     say("3. the operator: Recommend mode (nothing is patched)")
-    policy = {"window": "10m", "targetThrottleRatio": TARGET,
+    print("  (burst.enabled: false here: a burst is sized from the agent's histogram, which "
+          "keeps no order, as if it refilled between peaks; the batch's peaks come in one "
+          "run of seconds, which a burst cannot carry: README, \"Limits\")")  # fmt: skip
+    policy = {"window": "10m", "targetThrottleRatio": TARGET, "burst": {"enabled": False},
               "selector": {"matchLabels": {"demo": "unthrottle"}}}  # fmt: skip
     show_status(reconcile(kube, operator, policy))
     return write_report(kube)
