@@ -13,7 +13,10 @@ APPLIED_NOTE = (
     "Changes the policy's Apply mode made (the Deployment's unthrottle.io/last-applied "
     "record). Throttled before and after: the share of CFS periods throttled, from the "
     "kernel's counters, over as long a time on each side of the change (the after side "
-    "starts when the rollout or the in-place canary's resize is done), inside the window."
+    "starts when the rollout or the in-place canary's resize is done), inside the window. "
+    "An in-place change (method InPlace) lives as long as its ReplicaSet: to keep it, put "
+    "it in the manifests with the kustomize Component (unthrottle report POLICY --format "
+    "kustomize)."
 )
 
 
