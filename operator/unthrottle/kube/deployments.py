@@ -41,7 +41,7 @@ def _causes(error: Any) -> list[dict[str, Any]]:
     return list((_status(error).get("details") or {}).get("causes") or [])
 
 
-def _refusal(error: Any) -> str:
+def refusal(error: Any) -> str:
     """The API server's own words for a refused request, one line: its causes (each field
     and why), else its message."""
     text = "; ".join(str(c.get("message")) for c in _causes(error) if c.get("message"))
@@ -110,7 +110,7 @@ class KubeDeployments:
                                     f"(HTTP {error.status})") from None  # fmt: skip
             if error.status in (400, 403, 422):
                 raise PatchRefused(f"the API server refused the patch of Deployment "
-                                   f"{namespace}/{name}: {_refusal(error)}") from None  # fmt: skip
+                                   f"{namespace}/{name}: {refusal(error)}") from None  # fmt: skip
             raise
         return dict(json.loads(reply.data))
 
@@ -129,6 +129,6 @@ class KubeDeployments:
                 self._vpa_missing = True
                 return None
             if error.status == 403:  # authorization runs before routing: CRD or not
-                raise AccessDenied(_refusal(error)) from None
+                raise AccessDenied(refusal(error)) from None
             raise
         return list(json.loads(reply.data).get("items", []))

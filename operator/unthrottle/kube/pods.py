@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any, Protocol
 
-from unthrottle.kube.deployments import PatchRefused, _refusal
+from unthrottle.kube.deployments import PatchRefused, refusal
 
 REVISION = "deployment.kubernetes.io/revision"
 
@@ -123,7 +123,7 @@ class KubePods:
                                           ) from None  # fmt: skip
             if error.status in (400, 403, 422):
                 raise PatchRefused(f"the API server refused the resize of pod {namespace}/"
-                                   f"{name}: {_refusal(error)}") from None  # fmt: skip
+                                   f"{name}: {refusal(error)}") from None  # fmt: skip
             raise
         return dict(json.loads(reply.data))
 
@@ -137,6 +137,6 @@ class KubePods:
         except ApiException as error:
             if error.status in (400, 403, 422):
                 raise PatchRefused(f"the API server refused the annotation of pod {namespace}/"
-                                   f"{name}: {_refusal(error)}") from None  # fmt: skip
+                                   f"{name}: {refusal(error)}") from None  # fmt: skip
             raise
         return dict(json.loads(reply.data))

@@ -25,7 +25,7 @@ import io
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import matplotlib as mpl
 from markupsafe import Markup, escape
@@ -178,11 +178,17 @@ def throttle_plot(c: Container, target: float, *, prefix: str, title: str,
         ax.axhline(target * 100, color=RECOMMENDED, linestyle="--", linewidth=1.2,
                    label=f"target {target * 100:g} %")  # fmt: skip
         ax.set_ylim(bottom=0)
-        ax.set_xlabel("hours before the end of the window")
-        ax.set_ylabel("throttled (%)")
-        ax.legend(loc="upper left", fontsize=8, frameon=True, framealpha=0.9)
-        ax.grid(color="#dddddd", linewidth=0.5)
+        _over_time(ax, "hours before the end of the window", "throttled (%)", "upper left")
         return _svg(fig, prefix, title, alt)
+
+
+def _over_time(ax: Axes, xlabel: str, ylabel: str,
+               legend: Literal["upper left", "upper right"], *, ncol: int = 1) -> None:  # fmt: skip
+    """The labels, legend and grid of a plot over time (the window, or since a change)."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend(loc=legend, fontsize=8, frameon=True, framealpha=0.9, ncol=ncol)
+    ax.grid(color="#dddddd", linewidth=0.5)
 
 
 SAMPLES_NOTE = (
@@ -223,10 +229,9 @@ def usage_plot(c: Container, *, prefix: str, title: str, alt: str) -> Plot | Non
                        label=f"recommended {rec.limit_millicores / 1000:g} cores")  # fmt: skip
             top = max(top, rec.limit_millicores / 1000)
         ax.set_ylim(0, top * 1.15 or 1.0)
-        ax.set_xlabel("hours before the end of the window")
-        ax.set_ylabel("CPU used (cores)")
-        ax.legend(loc="upper left", fontsize=8, frameon=True, framealpha=0.9, ncol=2)
-        ax.grid(color="#dddddd", linewidth=0.5)
+        _over_time(
+            ax, "hours before the end of the window", "CPU used (cores)", "upper left", ncol=2
+        )
         fig.text(0.01, 0.02, SAMPLES_NOTE, fontsize=7.5, wrap=True)
         return _svg(fig, prefix, title, alt)
 
@@ -256,8 +261,5 @@ def applied_plot(series: tuple[Point, ...], *, at: float, after_from: float | No
         ax.axhline(target * 100, color=INK, linestyle="--", linewidth=1.0,
                    label=f"target {target * 100:g} %")  # fmt: skip
         ax.set_ylim(bottom=0)
-        ax.set_xlabel("hours since the change")
-        ax.set_ylabel("throttled (%)")
-        ax.legend(loc="upper right", fontsize=8, frameon=True, framealpha=0.9)
-        ax.grid(color="#dddddd", linewidth=0.5)
+        _over_time(ax, "hours since the change", "throttled (%)", "upper right")
         return _svg(fig, prefix, title, alt)
