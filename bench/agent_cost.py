@@ -1,7 +1,8 @@
 """What the agent costs: sampling 200 real containers every 100 ms, and rendering a scrape.
 
     sudo .venv/bin/python bench/agent_cost.py [--layout flat|kubelet|both] [--seconds 10]
-                                              [--busy 10] [--repeat 2]
+                                              [--busy 10 0] [--repeat 2]
+                                              [--save bench/results/agent-cost.json]
 
 Creates real cgroups below unthrottle-bench-PID (removed at the end), in one of two
 layouts:
@@ -11,22 +12,25 @@ layouts:
   pod with the sum of its containers' quota; named as in Kubernetes mode, so the
   100 pod cgroups are sampled too (300 series).
 
-``--busy`` containers run a process that burns 2 ms every 100 ms (the rest are
-idle). The agent's own ``Sampler`` samples them every 100 ms for ``--seconds``,
-discovery included, once reading every cgroup each window and once skipping the
-subtrees whose usage did not move (``skip_idle_subtrees``), alternately
-``--repeat`` times. Reported: this process's CPU time as a share of one core
-(goal ≤ 1 %), the sampling and discovery threads' shares of it, and µs per
-container per window. Then ``/metrics`` is rendered 50
-times for the flat layout (goal ≤ 0.2 ms per container). The machine's other
-load (less the busy containers') is printed beside each figure: a shared
-machine's figures are noisy.
+``--busy`` containers (one run per number given) run a process that burns 2 ms
+every 100 ms (the rest are idle). The agent's own ``Sampler`` samples them every
+100 ms for ``--seconds``, discovery included, once reading every cgroup each window
+and once skipping the subtrees whose usage did not move (``skip_idle_subtrees``),
+alternately ``--repeat`` times. Reported: this process's CPU time as a share of one
+core (goal ≤ 1 %), the sampling and discovery threads' shares of it, the sampling
+thread's CPU per window, and µs per series per window. Then ``/metrics`` is rendered
+50 times for the flat layout (goal ≤ 0.2 ms per container). The machine's other load
+(less the busy containers') is printed beside each figure: a shared machine's
+figures are noisy. ``--save`` writes every figure, the options and the machine's
+load to a JSON file (docs/benchmarks.md §5 quotes it).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
+import json
 import os
 import signal
 import subprocess
@@ -34,6 +38,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 from unthrottle.agent.discovery import Found, discover_kubepods, discover_standalone
 from unthrottle.agent.exposition import render
@@ -137,7 +143,7 @@ def thread_cpu_s(thread: threading.Thread) -> float:
         return 0.0
 
 
-def measure(tree: Tree, discover: Discover, *, skip: bool, seconds: float) -> str:
+def measure(tree: Tree, discover: Discover, *, skip: bool, seconds: float) -> dict[str, Any]:
     sampler = Sampler(tree.layout, discover, AgentSettings(skip_idle_subtrees=skip))
     try:
         sampler.refresh()
@@ -154,18 +160,34 @@ def measure(tree: Tree, discover: Discover, *, skip: bool, seconds: float) -> st
         others = max(0.0, noise.cores - (tree.running_s() - running0) / wall)
     finally:
         sampler.close()
-    how = "skipping quiet subtrees" if skip else "reading every cgroup"
+    return {
+        "skip_quiet_subtrees": skip,
+        "series": series,
+        "windows": windows,
+        "wall_s": round(wall, 2),
+        "cpu_s": round(cpu, 4),
+        "core_pct": round(100 * cpu / wall, 2),
+        "sampling_thread_pct": round(100 * split["sampler"] / wall, 2),
+        "discovery_thread_pct": round(100 * split["discovery"] / wall, 2),
+        "sampling_thread_ms_per_window": round(1000 * split["sampler"] / windows, 3),
+        "us_per_series_per_window": round(1e6 * cpu / windows / series, 1),
+        "other_load_cores": round(others, 2),
+    }
+
+
+def describe(m: dict[str, Any]) -> str:
+    how = "skipping quiet subtrees" if m["skip_quiet_subtrees"] else "reading every cgroup"
     return (
-        f"{how:>24}: {series} series, {windows} windows in {wall:.1f} s, CPU {cpu:.3f} s = "
-        f"**{100 * cpu / wall:.2f} %** of one core (sampling thread "
-        f"{100 * split['sampler'] / wall:.2f} %, "
-        f"discovery {100 * split['discovery'] / wall:.2f} %); "
-        f"{1e6 * cpu / windows / series:.1f} µs per "
-        f"series per window (machine: other processes used {others:.2f} cores on average)"
+        f"{how:>24}: {m['series']} series, {m['windows']} windows in {m['wall_s']:.1f} s, "
+        f"CPU {m['cpu_s']:.3f} s = **{m['core_pct']:.2f} %** of one core (sampling thread "
+        f"{m['sampling_thread_pct']:.2f} %, {m['sampling_thread_ms_per_window']:.2f} ms a window; "
+        f"discovery {m['discovery_thread_pct']:.2f} %); "
+        f"{m['us_per_series_per_window']:.1f} µs per series per window "
+        f"(machine: other processes used {m['other_load_cores']:.2f} cores on average)"
     )
 
 
-def scrape_cost(layout: Layout, discover: Discover, containers: int) -> str:
+def scrape_cost(layout: Layout, discover: Discover, containers: int) -> dict[str, Any]:
     sampler = Sampler(layout, discover)
     try:
         sampler.refresh()
@@ -178,39 +200,75 @@ def scrape_cost(layout: Layout, discover: Discover, containers: int) -> str:
             per = (time.process_time() - cpu0) / 50
     finally:
         sampler.close()
-    lines = body.count(b"\n")
-    return (
-        f"rendering /metrics for {containers} containers: {1000 * per:.2f} ms CPU per scrape "
-        f"= {1000 * per / containers:.3f} ms per container (goal ≤ 0.2 ms); "
-        f"{len(body) // 1024} KiB, {lines} lines"
-    )
+    return {
+        "containers": containers,
+        "ms_per_scrape": round(1000 * per, 2),
+        "ms_per_container": round(1000 * per / containers, 4),
+        "kib": len(body) // 1024,
+        "lines": body.count(b"\n"),
+    }
+
+
+def lab_cgroups() -> list[str]:
+    """The other engineer's kernel lab parks every other process in an idle-priority
+    cgroup while it runs: a figure taken then is not comparable."""
+    return sorted(glob.glob("/sys/fs/cgroup/cpu/unthrottle-lab-others-*"))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layout", choices=["flat", "kubelet", "both"], default="both")
     parser.add_argument("--containers", type=int, default=200)
-    parser.add_argument("--busy", type=int, default=10, help="containers that run")
+    parser.add_argument("--busy", type=int, nargs="+", default=[10],
+                        help="containers that run (one run of each layout per number)")  # fmt: skip
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--save", type=Path, help="write the figures to this JSON file")
     args = parser.parse_args()
     layout = detect_layout()
     builders = {"flat": flat, "kubelet": kubelet}
-    for name in ["flat", "kubelet"] if args.layout == "both" else [args.layout]:
-        tree = Tree(layout)
-        root = f"unthrottle-bench-{os.getpid()}-{name}"
-        try:
-            tree.make(root)
-            discover = builders[name](tree, root, args.containers, args.busy)
-            print(f"## {name}: {args.containers} containers, {args.busy} of them running "
-                  f"2 ms every 100 ms ({layout.version})", flush=True)  # fmt: skip
-            for _ in range(args.repeat):
-                for skip in (True, False):
-                    print(measure(tree, discover, skip=skip, seconds=args.seconds), flush=True)
-            if name == "flat":
-                print(scrape_cost(layout, discover, args.containers), flush=True)
-        finally:
-            tree.cleanup()
+    result: dict[str, Any] = {
+        "measured": time.strftime("%Y-%m-%d"),
+        "command": " ".join(["bench/agent_cost.py", *sys.argv[1:]]),
+        "options": {k: v for k, v in vars(args).items() if k != "save"},
+        "cgroup": layout.version,
+        "cpus": os.cpu_count(),
+        "load_average_before": [round(x, 2) for x in os.getloadavg()],
+        "lab_cgroups_seen": lab_cgroups(),
+        "runs": [],
+        "scrape": None,
+    }
+    for busy in args.busy:
+        for name in ["flat", "kubelet"] if args.layout == "both" else [args.layout]:
+            tree = Tree(layout)
+            root = f"unthrottle-bench-{os.getpid()}-{name}"
+            try:
+                tree.make(root)
+                discover = builders[name](tree, root, args.containers, busy)
+                print(f"## {name}: {args.containers} containers, {busy} of them running "
+                      f"2 ms every 100 ms ({layout.version})", flush=True)  # fmt: skip
+                for _ in range(args.repeat):
+                    for skip in (True, False):
+                        m = measure(tree, discover, skip=skip, seconds=args.seconds)
+                        result["runs"].append({"layout": name, "busy": busy, **m})
+                        print(describe(m), flush=True)
+                        result["lab_cgroups_seen"] = sorted({*result["lab_cgroups_seen"],
+                                                             *lab_cgroups()})  # fmt: skip
+                if name == "flat" and result["scrape"] is None:
+                    scrape = scrape_cost(layout, discover, args.containers)
+                    result["scrape"] = scrape
+                    print(f"rendering /metrics for {args.containers} containers: "
+                          f"{scrape['ms_per_scrape']:.2f} ms CPU per scrape = "
+                          f"{scrape['ms_per_container']:.3f} ms per container (goal ≤ 0.2 ms); "
+                          f"{scrape['kib']} KiB, {scrape['lines']} lines", flush=True)  # fmt: skip
+            finally:
+                tree.cleanup()
+    result["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+    if result["lab_cgroups_seen"]:
+        print(f"the kernel lab ran beside this bench ({result['lab_cgroups_seen']}): "
+              "run it again for figures to quote", file=sys.stderr)  # fmt: skip
+    if args.save:
+        args.save.write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,27 +1,34 @@
-"""Compare the CFS model with the real kernel, run by run.
+"""Compare the CFS model with the real kernel, run by run, over repeated measurements.
 
-    python bench/lab_vs_model.py                     # runs the lab (root), then compares
-    python bench/lab_vs_model.py --from FILE.jsonl   # compares a saved `lab run --json`
+    sudo .venv/bin/python bench/lab_vs_model.py --repeats 2 --isolate \\
+        --save bench/results/lab-vs-model.json       # measures (root), then compares
+    .venv/bin/python bench/lab_vs_model.py --from bench/results/lab-vs-model.json
 
-Each run is simulated at the period and tick phase the lab measured for it, on
-this machine's cores and HZ (unthrottle.lab.agreement). Prints a Markdown table,
-and how busy the rest of the machine was while the lab measured: latencies are
-a measurement only on a quiet machine (unthrottle.lab.noise), which is why the
-latency agreement lives here and not in a pass/fail test.
+Each scenario in scenarios/seed-*.yaml is measured ``--repeats`` times by
+``unthrottle lab run --json`` (``--isolate``: the machine's other processes at
+idle priority meanwhile). Each run is simulated at the period and tick phase the
+lab measured for it, on this machine's cores and HZ, and held to the rules of
+``unthrottle.lab.agreement`` (docs/model.md, "Agreement"). Prints a Markdown
+table: the lab's figures over the repeats, the model's, the kernel's own spread,
+and the verdict. ``--save`` writes every measurement, with how busy the rest of
+the machine was, to a results file that ``tests/test_lab_replay.py`` replays
+through the model and ``docs/benchmarks.md`` §3 quotes.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from unthrottle.cfs.figures import CpuStatDelta, Latency, RunFigures
-from unthrottle.lab.agreement import RATIO_TOLERANCE, compare
-from unthrottle.lab.noise import QUIET_CORES, OtherLoad
+from unthrottle.lab.agreement import RunAgreement, agreement
+from unthrottle.lab.noise import OtherLoad
 from unthrottle.model.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,66 +37,111 @@ _FIGURE_KEYS = {"limit", "latency_ms", "wall_ms", "nr_periods", "nr_throttled", 
                 "nr_bursts", "burst_ms", "throttle_ratio", "usage_ms"}  # fmt: skip
 
 
-def figures_from_json(run: dict[str, object]) -> RunFigures:
+def figures_from_json(run: dict[str, Any]) -> RunFigures:
     """A run as `lab run --json` printed it, back into figures."""
     lat = run["latency_ms"]
-    assert isinstance(lat, dict)
     return RunFigures(
-        limit=dict(run["limit"]),  # type: ignore[call-overload]
+        limit=dict(run["limit"]),
         latency=Latency(lat["p50"], lat["p95"], lat["p99"], lat["max"]),
-        wall_ms=float(run["wall_ms"]),  # type: ignore[arg-type]
+        wall_ms=float(run["wall_ms"]),
         stat=CpuStatDelta(
-            nr_periods=int(run["nr_periods"]),  # type: ignore[call-overload]
-            nr_throttled=int(run["nr_throttled"]),  # type: ignore[call-overload]
-            throttled_us=round(float(run["throttled_ms"]) * 1000),  # type: ignore[arg-type]
-            nr_bursts=int(run["nr_bursts"]),  # type: ignore[call-overload]
-            burst_us=round(float(run["burst_ms"]) * 1000),  # type: ignore[arg-type]
+            nr_periods=int(run["nr_periods"]),
+            nr_throttled=int(run["nr_throttled"]),
+            throttled_us=round(float(run["throttled_ms"]) * 1000),
+            nr_bursts=int(run["nr_bursts"]),
+            burst_us=round(float(run["burst_ms"]) * 1000),
+            usage_us=round(float(run.get("usage_ms") or 0) * 1000),
         ),
         extra={k: v for k, v in run.items() if k not in _FIGURE_KEYS},
     )
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--from", dest="source", type=Path, help="a saved `lab run --json` file")
-    parser.add_argument("--save", type=Path, help="also save the lab's JSON lines here")
-    args = parser.parse_args()
-    if args.source:
-        text = args.source.read_text()
-    else:
-        exe = Path(sys.executable).with_name("unthrottle")
-        cmd = [str(exe), "lab", "run", "--json", *map(str, SCENARIOS)]
+def measure(repeats: int, isolate: bool) -> dict[str, Any]:
+    """Run the lab ``repeats`` times over every seed scenario; the results file's content."""
+    exe = Path(sys.executable).with_name("unthrottle")
+    cmd = [str(exe), "lab", "run", "--json", *(["--isolate"] if isolate else []),
+           *map(str, SCENARIOS)]  # fmt: skip
+    measurements = []
+    for _ in range(repeats):
         with OtherLoad() as noise:
             text = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-        quiet = "quiet" if noise.quiet else f"NOT quiet (over {QUIET_CORES} cores)"
-        print(f"While the lab measured, {noise.describe()}: {quiet}.\n")
+        entries = [json.loads(line) for line in text.splitlines() if line.strip()]
+        measurements.append({"other_load_cores": round(noise.cores, 2),
+                             "seconds": round(noise.seconds, 1), "scenarios": entries})  # fmt: skip
+    return {
+        "command": "sudo .venv/bin/python bench/lab_vs_model.py --repeats "
+        f"{repeats}{' --isolate' if isolate else ''} --save bench/results/lab-vs-model.json",
+        "measured": datetime.date.today().isoformat(),
+        "cores": len(os.sched_getaffinity(0)),
+        "isolated": isolate,
+        "measurements": measurements,
+    }
+
+
+def agreements(results: dict[str, Any]) -> list[RunAgreement]:
+    """Every run of every scenario in a results file, against the model."""
+    out = []
+    for path in SCENARIOS:
+        scenario = load_scenario(path)
+        repeats = [
+            [figures_from_json(run) for run in entry["runs"]]
+            for m in results["measurements"]
+            for entry in m["scenarios"]
+            if entry["name"] == scenario.name
+        ]
+        if repeats:
+            out += agreement(scenario, repeats, int(results["cores"]))
+    return out
+
+
+def _span(values: list[float], digits: int) -> str:
+    low, high = min(values), max(values)
+    return f"{low:.{digits}f}" if round(low, digits) == round(high, digits) else \
+        f"{low:.{digits}f}–{high:.{digits}f}"  # fmt: skip
+
+
+def table(found: list[RunAgreement]) -> str:
+    """The Markdown table of docs/benchmarks.md §3."""
+    lines = ["| scenario | run | p50 ms lab / model | p95 ms lab / model | ratio lab / model "
+             "| agrees |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for a in found:
+        ms, ps = [c.measured for c in a.comparisons], [c.predicted for c in a.comparisons]
+        verdict = "yes" if a.agrees else "**no**: " + "; ".join(
+            m for c in a.comparisons for m in c.misses)  # fmt: skip
+        if a.spec.cpus is None:
+            verdict += " (p95: the machine's reference)"
+        if a.spec.ratio_tolerance:
+            verdict += f" (ratio ±{a.spec.ratio_tolerance:g}, from the scenario file)"
+        lines.append(
+            f"| {a.scenario} | {a.spec.label()} "
+            f"| {_span([m.latency.p50 for m in ms], 1)} / {_span([p.latency.p50 for p in ps], 1)} "
+            f"| {_span([m.latency.p95 for m in ms], 1)} / {_span([p.latency.p95 for p in ps], 1)} "
+            f"| {_span([m.stat.throttle_ratio for m in ms], 2)} / "
+            f"{_span([p.stat.throttle_ratio for p in ps], 2)} | {verdict} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--from", dest="source", type=Path, help="a saved results file")
+    parser.add_argument("--save", type=Path, help="write the results file here")
+    parser.add_argument("--repeats", type=int, default=2, help="measurements per scenario")
+    parser.add_argument("--isolate", action="store_true", help="`lab run --isolate`")
+    args = parser.parse_args()
+    if args.source:
+        results = json.loads(args.source.read_text())
+    else:
+        results = measure(args.repeats, args.isolate)
         if args.save:
-            args.save.write_text(text)
-    scenarios = {s.name: s for s in map(load_scenario, SCENARIOS)}
-    cores = len(os.sched_getaffinity(0))
-    print("| scenario | run | p50 ms lab / model | p95 ms lab / model | ratio lab / model "
-          "| throttled ms lab / model | agree |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|")
-    misses = 0
-    for line in filter(str.strip, text.splitlines()):
-        entry = json.loads(line)
-        scenario = scenarios[entry["name"]]
-        workload = scenario.workload.to_workload()
-        for spec, run in zip(scenario.runs, entry["runs"], strict=True):
-            c = compare(workload, spec, figures_from_json(run), cores, scenario=scenario.name)
-            m, p = c.measured, c.predicted
-            misses += bool(c.misses)
-            marginal = c.ratio_tolerance > RATIO_TOLERANCE
-            verdict = "; ".join(c.misses) or ("yes (marginal, ±0.10)" if marginal else "yes")
-            print(
-                f"| {scenario.name} | {spec.label()} "
-                f"| {m.latency.p50:.1f} / {p.latency.p50:.1f} "
-                f"| {m.latency.p95:.1f} / {p.latency.p95:.1f} "
-                f"| {m.stat.throttle_ratio:.2f} / {p.stat.throttle_ratio:.2f} "
-                f"| {m.stat.throttled_us / 1000:.0f} / {p.stat.throttled_us / 1000:.0f} "
-                f"| {verdict} |"
-            )
-    print(f"\n{misses} run(s) outside the tolerance")
+            args.save.write_text(json.dumps(results, indent=1) + "\n")
+    for m in results["measurements"]:
+        print(f"while the lab measured: other processes used {m['other_load_cores']:.2f} cores "
+              f"on average over {m['seconds']:.0f} s")  # fmt: skip
+    found = agreements(results)
+    print("\n" + table(found))
+    misses = sum(not a.agrees for a in found)
+    print(f"\n{len(found) - misses} of {len(found)} runs agree")
     return 1 if misses else 0
 
 

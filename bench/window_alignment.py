@@ -1,6 +1,6 @@
 """How much do unaligned sampling windows matter? The agent's sampling against the kernel.
 
-    sudo .venv/bin/python bench/window_alignment.py
+    sudo .venv/bin/python bench/window_alignment.py > bench/results/window-alignment.md
 
 The agent cannot see the kernel's period grid; its 100 ms windows straddle
 periods. The lab can (it calibrates the grid), so its per-period samples are

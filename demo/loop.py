@@ -468,7 +468,9 @@ class Measured:
 def measure(app: App, pod: Pod, layout: Any, root: str) -> Measured:
     """The app's workload in its pod's container cgroup, as the kubelet and the agent left
     it: the lab neither makes, writes nor removes it, and refuses to run if the kernel does
-    not hold the pod's limit and burst."""
+    not hold the pod's limit and burst. While it runs, the machine's other processes wait at
+    idle priority (``lab run --isolate``; the demo's agent, Prometheus and control plane
+    keep theirs), so what is measured is the limit, not whatever else this machine runs."""
     from unthrottle.cgroups import Cgroup
     from unthrottle.lab.runner import LabOptions, run_run
 
@@ -476,7 +478,7 @@ def measure(app: App, pod: Pod, layout: Any, root: str) -> Measured:
     pod_cg, own = (Cgroup(layout, f"{root}/{p}") for p in (pod.cgroup, pod.container_cgroup))
     start = pod_cg.read_stat(), own.read_stat()
     fig = run_run(app.scenario.workload.to_workload(), pod.settings(), layout,
-                  LabOptions(cgroup_name=own.path, existing_cgroup=True))  # fmt: skip
+                  LabOptions(cgroup_name=own.path, existing_cgroup=True, isolate=True))  # fmt: skip
     return Measured(fig, pod_cg.read_stat() - start[0], own.read_stat() - start[1])
 
 

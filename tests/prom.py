@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import pytest
 
+from missing import MISSING
 from unthrottle.devtools.prometheus import PrometheusServer, free_port, have_prometheus
 
 __all__ = ["PrometheusServer", "free_port", "requires_prometheus"]
 
 requires_prometheus = pytest.mark.skipif(
     not have_prometheus(),
-    reason="prometheus is not installed (make test installs it as root)",
+    reason=f"{MISSING} prometheus is not installed (make test installs it as root)",
 )

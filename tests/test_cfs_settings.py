@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from unthrottle.cfs import Bandwidth, InvalidSettings, format_cpu, parse_cpu
+from unthrottle.cgroups import Cgroup, Layout
 
 
 class TestKernelRules:
@@ -48,8 +51,21 @@ class TestKernelRules:
         ],
         ids=["min-quota", "min-period", "max-period-many-cpus", "burst-equal-quota", "unlimited"],
     )
-    def test_the_edges_the_kernel_accepts_are_accepted(self, kwargs: dict[str, int]) -> None:
-        Bandwidth(**kwargs)
+    @pytest.mark.kernel
+    def test_the_edges_the_kernel_accepts_are_accepted_and_read_back_from_a_cgroup(
+        self, kwargs: dict[str, int], layout: Layout
+    ) -> None:
+        bandwidth = Bandwidth(**kwargs)
+        assert (bandwidth.quota_us, bandwidth.period_us, bandwidth.burst_us) == (
+            kwargs.get("quota_us"), kwargs.get("period_us", 100_000), kwargs.get("burst_us", 0)
+        )  # fmt: skip
+        cgroup = Cgroup(layout, f"unthrottle-test-edges-{os.getpid()}")
+        cgroup.create()
+        try:
+            cgroup.write_bandwidth(bandwidth)
+            assert cgroup.read_bandwidth() == bandwidth
+        finally:
+            cgroup.remove()
 
 
 class TestMillicores:

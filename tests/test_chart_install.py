@@ -40,6 +40,7 @@ from chart_on_cluster import (
 )
 from kube import Kube, fresh_name
 from kube_faults import FaultProxy
+from missing import MISSING as NOT_INSTALLED
 from operator_proc import UNTHROTTLE
 from prom import PrometheusServer, free_port, requires_prometheus
 from shop import HEALTHY, THROTTLED, deploy, openmetrics
@@ -62,7 +63,7 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
     try:
         binaries = ensure_built()
     except BuildError as error:
-        pytest.skip(f"the control plane cannot be built: {error}")
+        pytest.skip(f"{NOT_INSTALLED} the control plane cannot be built: {error}")
     with ControlPlane(tmp_path_factory.mktemp("chart-plane"), binaries=binaries) as plane:
         yield plane
 

@@ -18,19 +18,17 @@ import pytest
 
 from conftest import ROOT
 from prom import requires_prometheus
-from unthrottle.lab.noise import OtherLoad
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow, requires_prometheus]
 
 
 def test_the_demo_ends_with_throttling_at_or_under_the_target(tmp_path: Path) -> None:
     out = tmp_path / "demo.json"
-    with OtherLoad() as noise:  # the demo, its agent and Prometheus are reaped: not "other"
-        done = subprocess.run(
-            [sys.executable, str(ROOT / "demo" / "loop.py")],
-            env={**os.environ, "UNTHROTTLE_DEMO_JSON": str(out)},
-            capture_output=True, text=True, timeout=600, check=False,
-        )  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "demo" / "loop.py")],
+        env={**os.environ, "UNTHROTTLE_DEMO_JSON": str(out)},
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "fake nodes (kwok) stood in for kubelets" in done.stdout
     assert re.search(r"real control plane: kube-apiserver, etcd, controller-manager, "
@@ -57,13 +55,9 @@ def test_the_demo_ends_with_throttling_at_or_under_the_target(tmp_path: Path) ->
     assert not [pid for pid in doc["pids"] if Path(f"/proc/{pid}").exists()], doc["pids"]
     assert not list(Path("/sys/fs/cgroup").glob("*/unthrottle-demo-*"))
     assert not list(Path("/sys/fs/cgroup").glob("unthrottle-demo-*"))
-    # Throttled today, and so given more: only where the workloads had the machine to
-    # themselves (beside other load their bursts come slower, and may stay under the limit)
-    if not noise.quiet:
-        pytest.skip(
-            f"the machine was busy during the demo: {noise.describe()} (the 'after' "
-            "figures above were checked; 'throttled today' needs a quiet machine)"
-        )
+    # Throttled today, and so given more. The demo measures with the machine's other
+    # processes at idle priority: beside a hog, without that, the bursts came slower and
+    # could stay under the limit.
     for name, figures in doc["workloads"].items():
         before, after = figures["before"], figures["after"]
         assert before["throttle_ratio"] > doc["target"], name  # throttled today

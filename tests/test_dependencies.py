@@ -1,8 +1,9 @@
 """The package declares what it imports, and nothing else (pyproject.toml's dependencies).
 
 ``unthrottle.devtools`` (the launchers of Prometheus and of the Kubernetes control plane that
-the tests, the demo and the benchmarks share; the product never imports it) may import what
-the ``test`` extra declares."""
+the tests, the demo and the benchmarks share; the product never imports it) and the tests may
+import what the ``test`` extra declares: a fresh ``pip install -e .[test]`` gets them all,
+none only because another distribution happens to need it."""
 
 from __future__ import annotations
 
@@ -11,20 +12,28 @@ import re
 import sys
 import tomllib
 from importlib.metadata import packages_distributions
+from pathlib import Path
 
 from conftest import ROOT
 
 PACKAGE = ROOT / "operator" / "unthrottle"
 DEVTOOLS = PACKAGE / "devtools"
+TESTS = ROOT / "tests"
+SCRIPTS = ("tests", "bench", "demo")
+"""Folders of modules the tests import by file name (``prom``, ``cluster_query``)."""
 
 
 def _imported(*, devtools: bool = False) -> set[str]:
     """Top-level modules the package imports (standard library and itself excluded): the
     product's, or (``devtools``) only its development tools'."""
+    paths = [p for p in PACKAGE.rglob("*.py") if p.is_relative_to(DEVTOOLS) == devtools]
+    return _modules(paths)
+
+
+def _modules(paths: list[Path]) -> set[str]:
+    """Top-level modules these files import, the standard library and unthrottle excluded."""
     found = set()
-    for path in PACKAGE.rglob("*.py"):
-        if path.is_relative_to(DEVTOOLS) != devtools:
-            continue
+    for path in paths:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 found |= {a.name.split(".")[0] for a in node.names}
@@ -63,4 +72,14 @@ def test_the_development_tools_import_only_what_the_product_or_the_test_extra_de
     imported = {owners[m][0].lower().replace("_", "-") for m in _imported(devtools=True)
                 if m in owners}  # fmt: skip
     assert "cryptography" in imported  # the control plane's certificates: the check has teeth
+    assert imported - _declared() - _declared("test") == set()
+
+
+def test_the_tests_import_only_what_the_product_or_the_test_extra_declares() -> None:
+    owners = packages_distributions()
+    scripts = {p.stem for folder in SCRIPTS for p in (ROOT / folder).glob("*.py")}
+    modules = _modules(sorted(TESTS.rglob("*.py"))) - scripts
+    assert {m for m in modules if m not in owners} == set(), "imported but not installed"
+    imported = {owners[m][0].lower().replace("_", "-") for m in modules}
+    assert {"aiohttp", "jsonschema"} <= imported  # the fault proxy, the chart's schema
     assert imported - _declared() - _declared("test") == set()

@@ -4,7 +4,6 @@ read, sent as range queries, and the spans add up to the window."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 import time
 from collections.abc import Iterator, Mapping
 from itertools import pairwise
@@ -284,14 +283,8 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Prometh
     folder = tmp_path_factory.mktemp("recorded")
     now = int(time.time()) // 60 * 60
     with PrometheusServer(folder, openmetrics=history(now - 2 * HOUR, now, 15)) as prom:
-        blocks = folder / "rule-blocks"
-        subprocess.run(
-            ["promtool", "tsdb", "create-blocks-from", "rules", "--quiet", f"--url={prom.url}",
-             f"--start={now - 2 * HOUR}", f"--end={now}", f"--output-dir={blocks}",
-             str(rules(folder))],
-            check=True, capture_output=True,
-        )  # fmt: skip
-    for block in blocks.iterdir():
+        blocks = prom.record(rules(folder), now - 2 * HOUR, now)
+    for block in blocks:
         shutil.move(str(block), folder / "tsdb" / block.name)
     with PrometheusServer(folder, tsdb=folder / "tsdb") as prom:
         yield PrometheusSource(PrometheusConfig(prom.url)), now

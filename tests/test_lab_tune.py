@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from conftest import KERNEL_LAYOUT, ROOT
-from unthrottle.lab.noise import OtherLoad
 
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
 RUN_KEYS = {"limit", "latency_ms", "wall_ms", "nr_periods", "nr_throttled", "throttled_ms",
@@ -20,17 +19,19 @@ RUN_KEYS = {"limit", "latency_ms", "wall_ms", "nr_periods", "nr_throttled", "thr
 @pytest.mark.kernel
 @pytest.mark.slow
 def test_tune_brings_a_throttled_workload_under_the_target_where_vpa_does_not() -> None:
-    if KERNEL_LAYOUT is None:
-        pytest.skip("needs root and a cgroup CPU controller")
-    scenario = ROOT / "scenarios" / "seed-002-burst.yaml"
-    with OtherLoad() as noise:
-        out = subprocess.run(
-            [str(UNTHROTTLE), "lab", "tune", "--json", str(scenario)],
-            capture_output=True, text=True, timeout=300, check=False,
-        )  # fmt: skip
+    """30 ms tasks back to back at half a CPU: VPA sizes from the usage the quota censors
+    (578m measured, docs/benchmarks.md §4) and stays throttled in every period; ours
+    does not. Measured with the machine's other processes at idle priority (--isolate),
+    so it holds beside other load."""
+    assert KERNEL_LAYOUT is not None, "conftest fails a CI run without a cgroup CPU controller"
+    scenario = ROOT / "scenarios" / "tune-serial-30ms.yaml"
+    out = subprocess.run(
+        [str(UNTHROTTLE), "lab", "tune", "--json", "--isolate", str(scenario)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
-    assert result["scenario"] == "seed-002-burst" and result["target"] == 0.05
+    assert result["scenario"] == "tune-serial-30ms" and result["target"] == 0.05
     assert set(result["before"]) >= RUN_KEYS and set(result["after"]) >= RUN_KEYS
     rec = result["recommendation"]
     assert set(rec) >= {"limit_millicores", "burst_us", "gomaxprocs", "expected_throttle_ratio",
@@ -38,16 +39,12 @@ def test_tune_brings_a_throttled_workload_under_the_target_where_vpa_does_not() 
     assert rec["burst_us"] <= rec["limit_millicores"] * 100  # never above the quota
     names = {b["name"]: b for b in result["baselines"]}
     assert set(names) == {"vpa", "krr-simple-limit", "2x-average"}
-    # What each run's throttle ratio was is a measurement: another process on the 2 cores
-    # moves it (the workers get less CPU than their quota, or the evidence less demand).
-    if not noise.quiet:
-        pytest.skip(f"the machine was busy while lab tune measured: {noise.describe()} "
-                    "(the shape and the quota bound were checked)")  # fmt: skip
-    assert result["before"]["throttle_ratio"] > 0.05  # today's 0.25 CPU throttles
+    assert result["before"]["throttle_ratio"] > 0.9  # half a CPU for a busy thread
     final = result["refined"]["after"] if result["refined"] else result["after"]
     assert final["throttle_ratio"] <= 0.05 + 0.02
     # VPA sizes from censored usage and keeps the container throttled.
-    assert names["vpa"]["after"]["throttle_ratio"] > 0.05
+    assert names["vpa"]["after"]["throttle_ratio"] > 0.5
+    assert names["vpa"]["limit_millicores"] < rec["limit_millicores"]
 
 
 def test_a_bad_target_is_refused_naming_the_field_before_anything_runs() -> None:

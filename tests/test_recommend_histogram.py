@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -28,11 +32,39 @@ def test_the_rebuilt_windows_fall_in_the_same_buckets() -> None:
     assert histogram_of(rebuilt.demand_us / 100_000)[1] == cumulative
 
 
-def test_the_same_histogram_always_gives_the_same_evidence() -> None:
+def test_each_bucket_s_windows_are_spread_evenly_up_to_its_bound() -> None:
+    # 3 windows in (0, 0.3] core, 1 in (0.3, 0.6], 1 above the top bound (read at 0.6)
+    rebuilt = evidence_from_histogram([0.3, 0.6, INF], [3, 4, 5], period_us=100_000)
+    assert sorted(rebuilt.demand_us.tolist()) == [10_000, 20_000, 30_000, 60_000, 60_000]
+
+
+def test_busy_windows_are_scattered_not_back_to_back() -> None:
+    # the engine simulates a sequence: ten busy windows in a row would drain a burst that
+    # ten scattered ones (what independent windows look like) leave full
+    bounds, cumulative = histogram_of(np.asarray([0.1] * 90 + [1.8] * 10))
+    busy = evidence_from_histogram(bounds, cumulative, period_us=100_000).demand_us > 100_000
+    assert np.count_nonzero(busy) == 10
+    longest = max(len(run) for run in "".join("x" if b else " " for b in busy).split())
+    assert longest <= 3
+
+
+def test_another_process_rebuilds_the_same_sequence() -> None:
+    # two runs of `recommend` on the same history give the same burst: the order is seeded
     bounds, cumulative = histogram_of(np.linspace(0, 2, 500))
-    one = evidence_from_histogram(bounds, cumulative, period_us=100_000)
-    two = evidence_from_histogram(bounds, cumulative, period_us=100_000)
-    assert np.array_equal(one.demand_us, two.demand_us)
+    here = evidence_from_histogram(bounds, cumulative, period_us=100_000).demand_us.tolist()
+    code = (
+        "import json, sys\n"
+        "from unthrottle.recommend.histogram import evidence_from_histogram\n"
+        "bounds, cumulative = json.load(sys.stdin)\n"
+        "e = evidence_from_histogram(bounds, cumulative, period_us=100_000)\n"
+        "print(json.dumps(e.demand_us.tolist()))\n"
+    )
+    there = subprocess.run(
+        [sys.executable, "-c", code], input=json.dumps([bounds, cumulative]), text=True,
+        capture_output=True, check=True, env={**os.environ, "PYTHONHASHSEED": "7"},
+    )  # fmt: skip
+    assert json.loads(there.stdout) == here
+    assert here != sorted(here)
 
 
 def test_windows_above_the_top_bucket_sit_at_its_bound() -> None:

@@ -15,6 +15,7 @@ import pytest
 
 from prom import PrometheusServer, requires_prometheus
 from test_metrics_evidence import HOUR, history
+from unthrottle.devtools.prometheus import RULE_BLOCK_S
 from unthrottle.metrics.evidence import WorkloadKey, fetch, recorded_covers
 from unthrottle.metrics.source import PrometheusConfig, PrometheusSource
 
@@ -43,17 +44,40 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, in
     folder = tmp_path_factory.mktemp("recorded")
     now = int(time.time())
     with PrometheusServer(folder, openmetrics=history(now)) as prom:
-        blocks = folder / "rule-blocks"
-        subprocess.run(
-            ["promtool", "tsdb", "create-blocks-from", "rules", "--quiet", f"--url={prom.url}",
-             f"--start={now - HOUR}", f"--end={now}", f"--output-dir={blocks}",
-             str(rules(folder))],
-            check=True, capture_output=True,
-        )  # fmt: skip
-    for block in blocks.iterdir():
+        blocks = prom.record(rules(folder), now - HOUR, now)
+    for block in blocks:
         shutil.move(str(block), folder / "tsdb" / block.name)
     with PrometheusServer(folder, tsdb=folder / "tsdb") as prom:
         yield prom.url, now
+
+
+def test_rules_are_recorded_when_the_range_starts_a_second_before_a_promtool_block_edge(
+    tmp_path: Path,
+) -> None:
+    # What once left the fixture above without rule blocks: promtool cuts the range at 2 h
+    # edges and stops at a first piece holding no evaluation time (PrometheusServer.record).
+    edge = (int(time.time()) - 1800) // RULE_BLOCK_S * RULE_BLOCK_S
+    now = edge + 1800  # half an hour of history on either side of the edge
+    with PrometheusServer(tmp_path, openmetrics=history(now)) as prom:
+        alone = tmp_path / "promtool-alone"
+        subprocess.run(
+            ["promtool", "tsdb", "create-blocks-from", "rules", f"--url={prom.url}",
+             f"--start={edge - 1}", f"--end={now}", f"--output-dir={alone}",
+             str(rules(tmp_path))],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        assert not alone.exists(), "promtool no longer stops there (prometheus#19714 fixed)"
+        blocks = prom.record(rules(tmp_path), edge - 1, now)
+    for block in blocks:
+        shutil.move(str(block), tmp_path / "tsdb" / block.name)
+    with PrometheusServer(tmp_path, tsdb=tmp_path / "tsdb") as prom:
+        source = PrometheusSource(PrometheusConfig(prom.url))
+        assert recorded_covers(source, ["shop"], 1500, at=now)
+        raw = fetch(source, ["shop"], 1500, at=now)
+        rec = fetch(source, ["shop"], 1500, at=now, recorded=True)
+    api = WorkloadKey("shop", "api", "api")
+    assert rec[api].periods == pytest.approx(raw[api].periods, rel=0.1)
+    assert rec[api].throttle_ratio() == pytest.approx(raw[api].throttle_ratio(), abs=0.02)
 
 
 def test_recorded_series_give_the_evidence_raw_samples_give(recorded: tuple[str, int]) -> None:

@@ -4,7 +4,9 @@ Structure, not byte snapshots."""
 
 from __future__ import annotations
 
+import csv
 import html
+import io
 import json
 import re
 import time
@@ -341,12 +343,35 @@ class TestOthers:
                 assert "env" not in entry
 
 
+def _csv(report: Report) -> list[list[str]]:
+    return list(csv.reader(io.StringIO(str(render(report, "csv")))))
+
+
 class TestRegistry:
-    def test_every_format_renders_an_empty_report(self) -> None:
-        empty = Report.from_json({"generated_at": "2026-12-01T00:00:00Z", "window": "7d",
-                                  "target": 0.05, "workloads": []})  # fmt: skip
-        for fmt in FORMATS:
-            assert render(empty, fmt)
+    def test_every_format_renders_an_empty_report_as_one_with_nothing_in_it(self) -> None:
+        doc = {"generated_at": "2026-12-01T00:00:00Z", "window": "7d", "target": 0.05,
+               "workloads": []}  # fmt: skip
+        empty = Report.from_json(doc)
+        assert set(FORMATS) == {"table", "json", "yaml", "csv", "markdown", "html", "kustomize"}
+        assert json.loads(str(render(empty, "json"))) == doc
+        assert yaml.safe_load(str(render(empty, "yaml"))) == doc
+        # the same columns as a report with rows: a script reading them by name reads both
+        full = _csv(Report.from_scan(synthetic(1, 1), window="7d"))
+        assert _csv(empty) == [full[0]]
+        assert len(full[0]) == 15 and full[0][:3] == ["namespace", "deployment", "container"]
+        table = str(render(empty, "table")).splitlines()
+        assert table[0].strip() == "unthrottle recommend: window 7d, target 0.05"
+        assert "recommended limit" in table[2] and len(table) == 5  # header, no row
+        markdown = str(render(empty, "markdown"))
+        assert "> window 7d ending 2026-12-01T00:00:00Z · target 5 % of periods" in markdown
+        assert "- **0 Deployments**, 0 containers: **0 over the target**" in markdown
+        page = str(render(empty, "html"))
+        assert "<div><dt>Deployments</dt><dd>0</dd></div>" in page
+        assert '<section aria-labelledby="recommendations"' not in page and "<svg" not in page
+        files = render(empty, "kustomize")
+        assert isinstance(files, dict) and set(files) == {"kustomization.yaml"}
+        component = yaml.safe_load(files["kustomization.yaml"])
+        assert component["kind"] == "Component" and component["patches"] == []
 
     def test_a_thousand_deployments_render_in_seconds_at_a_usable_size(self) -> None:
         report = Report.from_scan(synthetic(1000, 2), window="7d")

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from kube import Kube
+from missing import MISSING
 from prom import requires_prometheus
 from test_report_model import shop_scan, synthetic, with_xss
 from unthrottle.devtools.kube import ControlPlane
@@ -36,7 +37,7 @@ except ImportError:  # pragma: no cover - the test extra installs it
 
 requires_browser = pytest.mark.skipif(
     sync_playwright is None or not Path(CHROMIUM).exists(),
-    reason="chromium is not installed (make browser installs Debian's as root) "
+    reason=f"{MISSING} chromium is not installed (make browser installs Debian's as root) "
     "or playwright is missing",
 )
 pytestmark = requires_browser

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from conftest import SCENARIOS
 from unthrottle.cfs import Bandwidth, Kind
@@ -30,9 +31,35 @@ def scenario(workload: dict[str, Any] | None = None, runs: list[Any] | None = No
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
-def test_every_seed_scenario_loads(path: Path) -> None:
+def test_every_seed_scenario_loads_as_the_kernel_settings_its_file_gives(path: Path) -> None:
+    raw = yaml.safe_load(path.read_text())
     loaded = load_scenario(path)
-    assert loaded.runs
+    assert loaded.name == raw["name"] == path.stem
+    work = loaded.workload.to_workload()
+    assert work.kind.value == raw["workload"]["kind"]
+    assert work.task_cpu_us == raw["workload"]["task_cpu_ms"] * 1000
+    assert len(loaded.runs) == len(raw["runs"]) >= 2
+    for run, given in zip(loaded.runs, raw["runs"], strict=True):
+        period_us = round(given.get("period_ms", 100) * 1000)  # the kernel's default 100 ms
+        quota_us = round(given["cpus"] * period_us) if "cpus" in given else None
+        burst_us = round(given.get("burst_ms", 0) * 1000)
+        assert run.bandwidth() == Bandwidth(quota_us, period_us, burst_us), given
+
+
+def test_the_seeds_ask_the_kernel_for_these_limits() -> None:
+    # what `lab` prints for each run, and what it writes into cpu.max / cfs_quota_us
+    runs = {p.stem: [(r.label(), r.bandwidth().quota_us, r.bandwidth().period_us,
+                      r.bandwidth().burst_us) for r in load_scenario(p).runs]
+            for p in SCENARIOS}  # fmt: skip
+    assert runs["seed-000-serial-30ms"] == [
+        ("no limit", None, 100_000, 0),
+        ("0.5 CPU", 50_000, 100_000, 0),
+        ("0.5 CPU, 10 ms period", 5_000, 10_000, 0),
+    ]
+    assert runs["seed-002-burst"] == [
+        ("0.25 CPU", 25_000, 100_000, 0),
+        ("0.25 CPU, 25 ms burst", 25_000, 100_000, 25_000),
+    ]
 
 
 def test_settings_become_kernel_integers() -> None:

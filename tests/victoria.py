@@ -32,13 +32,15 @@ from types import TracebackType
 
 import pytest
 
+from missing import MISSING
 from prom import PrometheusServer, free_port, requires_prometheus
 from unthrottle.devtools.processes import stop
 
 BINARY = "victoria-metrics"
 requires_victoria = pytest.mark.skipif(
     shutil.which(BINARY) is None or shutil.which("vmalert") is None,
-    reason="victoria-metrics is not installed (make test installs Debian's package as root)",
+    reason=f"{MISSING} victoria-metrics is not installed "
+    "(make test installs Debian's package as root)",
 )
 __all__ = ["BACKENDS", "VictoriaMetricsServer", "prometheus_text", "requires_victoria"]
 

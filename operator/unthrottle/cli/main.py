@@ -65,6 +65,15 @@ ScenarioFiles = Annotated[
 JsonFlag = Annotated[
     bool, typer.Option("--json", help="Print one JSON object per scenario instead of a table.")
 ]
+IsolateFlag = Annotated[
+    bool,
+    typer.Option(
+        "--isolate",
+        help="Keep this machine's other processes at idle priority while each run measures "
+        "(those in the root cgroup; moved back afterwards), so their load does not move the "
+        "figures.",
+    ),
+]
 MAX_PHASE_MS = 1000.0
 """Phases and wake-up delays, ms: a CFS period is at most 1 s, and so is any sane delay."""
 PhaseMs = Annotated[
@@ -135,9 +144,14 @@ def _lab_session(command: str) -> Iterator[Layout]:
 
 
 @lab_app.command("run")
-def lab_run(paths: ScenarioFiles, json: JsonFlag = False, phase_ms: PhaseMs = 0.0) -> None:
+def lab_run(
+    paths: ScenarioFiles,
+    json: JsonFlag = False,
+    phase_ms: PhaseMs = 0.0,
+    isolate: IsolateFlag = False,
+) -> None:
     """Run each scenario's runs in fresh cgroups on this kernel and measure them."""
-    options = LabOptions(phase_us=_phase_us(phase_ms, "--phase-ms"))
+    options = LabOptions(phase_us=_phase_us(phase_ms, "--phase-ms"), isolate=isolate)
     scenarios = _load_all(paths)
     rows: list[tuple[Scenario, list[RunFigures]]] = []
     with _lab_session("lab run") as layout:
@@ -170,6 +184,7 @@ def lab_tune(
     baselines: Annotated[
         bool, typer.Option(help="Also measure the VPA, KRR and 2x-average baselines.")
     ] = True,
+    isolate: IsolateFlag = False,
 ) -> None:
     """Measure today's settings, recommend, and prove the result on this kernel."""
     try:
@@ -193,7 +208,8 @@ def lab_tune(
             err.print(styled(message, "dim"))
 
     with _lab_session("lab tune") as layout:
-        result = tune(scenario, layout, policy, with_baselines=baselines, on_step=step)
+        result = tune(scenario, layout, policy, LabOptions(isolate=isolate),
+                      with_baselines=baselines, on_step=step)  # fmt: skip
     if json:
         print(dumps(result.to_json()), flush=True)
     else:

@@ -3,10 +3,10 @@
 A lab run is a physical measurement. Any other process on a 2-core machine
 takes a core from a 2-worker scenario now and then, and latencies stretch
 (an unlimited open pool measured p95 43 ms instead of 13 ms beside a test
-suite). Counters keep their guarantees whatever the load; latencies do not.
-So what needs a quiet machine measures how quiet it was: the CPU time the
-whole machine spent (``/proc/stat``, steal included), less what this process
-and its children (the lab's workers, reaped) used, over the span's wall time.
+suite). ``unthrottle.lab.isolation`` keeps that load out of a run; this says
+how much there was, for the record beside the figures: the CPU time the whole
+machine spent (``/proc/stat``, steal included), less what this process and its
+children (the lab's workers, reaped) used, over the span's wall time.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from types import TracebackType
 
 QUIET_CORES = 0.05
 """Other load, in cores on average, under which the machine counts as quiet: an
-idle Debian host measures 0.00–0.02 here."""
+idle Debian host measures 0.00–0.02 here. Reported, never a reason to skip."""
 
 
 def _machine_busy_s(stat: Path) -> float:

@@ -28,6 +28,7 @@ counters are those of the run's span, as in a fresh one.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import itertools
 import os
@@ -40,6 +41,7 @@ from unthrottle.cfs.figures import CpuStatDelta, Latency, RunFigures
 from unthrottle.cfs.settings import Bandwidth
 from unthrottle.cfs.workload import Kind, Workload
 from unthrottle.cgroups import Cgroup, CpuStat, Layout
+from unthrottle.lab.isolation import Isolation
 from unthrottle.lab.kernel import kernel_hz
 from unthrottle.lab.processes import LabError, Workers
 from unthrottle.lab.sampling import PeriodSampler, PeriodSamples
@@ -70,6 +72,9 @@ class LabOptions:
     the pod's life): used as it is, never created, written or removed. The run's settings
     are read back from it; the workers are the only processes moved in, and leave it when
     they end. A run whose cgroup changed settings meanwhile gives no figures (LabError)."""
+    isolate: bool = False
+    """Keep the machine's other processes at idle priority while each run measures
+    (``unthrottle.lab.isolation``), so that other load does not move the figures."""
 
 
 def run_scenario(
@@ -175,7 +180,8 @@ def _measure(
     cgroup, run = _run_cgroup(run, layout, options)
     bandwidth = run.bandwidth()
     ours = not options.existing_cgroup
-    with Workers(workload.workers) as workers:
+    isolation = Isolation(layout) if options.isolate else contextlib.nullcontext()
+    with isolation, Workers(workload.workers) as workers:
         if ours:
             cgroup.create()
         try:
@@ -233,6 +239,8 @@ def _measure(
             # How long after its task was due (or sent) a sleeping worker began: the
             # wake-up and dispatch latency the model can take as Machine.wakeup_us.
             "wakeup_ms": round(statistics.median(wakeups) / 1e6, 4) if wakeups else 0.0,
+            # How many other processes were kept at idle priority (None: not isolated).
+            "isolated": isolation.moved if isinstance(isolation, Isolation) else None,
         },
     )
     return figures, (sampler.samples() if sampler is not None else None)

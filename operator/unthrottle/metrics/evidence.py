@@ -1,7 +1,8 @@
 """Evidence per Deployment container, from Prometheus, in a fixed number of queries.
 
 For a selection of namespaces, nine queries in all, whatever the number of
-pods:
+pods (seven when the caller has the owners from the Kubernetes API and leaves out
+the first two; ``recommend`` adds one for the recording rules' coverage):
 - pod → ReplicaSet and ReplicaSet → Deployment (kube-state-metrics'
   ``kube_pod_owner``, ``kube_replicaset_owner``);
 - the four CPU counters, increased over the window: cAdvisor's, or the agent's

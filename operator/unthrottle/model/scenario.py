@@ -128,6 +128,13 @@ class RunSpec(BaseModel):
         100, ge=MIN_PERIOD_US / 1000, le=MAX_PERIOD_US / 1000, description="CFS period, ms."
     )
     burst_ms: Number = Field(0, ge=0, description="CFS burst, ms; at most the quota.")
+    ratio_tolerance: Number | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="How far the model's throttle ratio may be from the kernel's for this run "
+        "(default 0.05, absolute). Only for a run on a knife's edge, with the reason beside it.",
+    )
 
     @model_validator(mode="after")
     def _kernel_accepts(self) -> RunSpec:
@@ -156,7 +163,7 @@ class RunSpec(BaseModel):
 
     def as_given(self) -> dict[str, float]:
         """The settings exactly as the file gave them (for the output's ``limit``)."""
-        return {k: v for k, v in self.model_dump(exclude_unset=True).items()}
+        return self.model_dump(exclude_unset=True, exclude={"ratio_tolerance"})
 
     def label(self) -> str:
         """A short human label: ``no limit``, ``0.5 CPU, 10 ms period``."""

@@ -24,6 +24,11 @@ TABLE_COLUMNS = ("namespace", "deployment", "container", "current_limit", "throt
                  "demand_p99_max", "recommended_limit", "burst_ms", "gomaxprocs",
                  "expected_throttle_ratio", "evidence", "confidence", "reason")  # fmt: skip
 """The table's columns (CSV has every row field)."""
+CSV_COLUMNS = ("namespace", "deployment", "container", "evidence", "pods", "current_limit",
+               "throttle_ratio", "demand_p99_max", "recommended_limit", "burst_ms", "gomaxprocs",
+               "expected_throttle_ratio", "confidence", "reason", "reasons")  # fmt: skip
+"""Every row field, in order: the CSV's header, the same with no row (a script reading the
+columns by name reads an empty report too)."""
 
 
 def _ratio(value: float | None) -> str:
@@ -78,11 +83,10 @@ def render_yaml(report: Report) -> str:
 
 def render_csv(report: Report) -> str:
     """One row per container, with a header."""
-    found = rows(report)
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=list(found[0]) if found else ["namespace"])
+    writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS)
     writer.writeheader()
-    writer.writerows(found)
+    writer.writerows(rows(report))
     return out.getvalue()
 
 

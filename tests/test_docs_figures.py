@@ -1,0 +1,533 @@
+"""The figures the docs quote are the ones the benchmarks' results files hold.
+
+Each figure is computed once, below, from a results file that a ``bench/`` script writes
+(``bench/results/*.json``, and the Markdown table of §6), and every place that quotes it
+(docs/benchmarks.md §1 and §5–§13, README.md, docs/install.md, a test's comment) is
+checked for the same text; each table of §5–§13 is rebuilt from its file. A figure
+edited in the docs without its results, or results saved without the docs, fail here.
+Markdown wraps lines anywhere, so the docs are compared with their whitespace collapsed.
+No kernel, no server: the files are read, nothing is measured.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+
+
+@cache
+def results(name: str) -> Any:
+    return json.loads((RESULTS / name).read_text())
+
+
+@cache
+def prose(doc: str) -> str:
+    return " ".join((ROOT / doc).read_text().split())
+
+
+def section(number: int) -> str:
+    """One numbered section of docs/benchmarks.md, whitespace collapsed."""
+    text = (ROOT / "docs" / "benchmarks.md").read_text()
+    start = text.index(f"\n## {number}. ")
+    end = text.find("\n## ", start + 1)
+    return " ".join(text[start : end if end > 0 else None].split())
+
+
+def number(x: float, digits: int = 0) -> str:
+    return f"{x:,.{digits}f}"
+
+
+def span(values: list[float], digits: int, unit: str = "") -> str:
+    """``0.91–1.08 %``: the range of several runs, or one value when they agree."""
+    low, high = number(min(values), digits), number(max(values), digits)
+    return (low if low == high else f"{low}–{high}") + unit
+
+
+def kib(size: int) -> str:
+    return f"{number(size / 1024)} KiB"
+
+
+def seconds(spread: dict[str, float]) -> str:
+    """``0.49 s (0.26–1.48)``: a median and its min–max, two decimals below a second."""
+    digits = 2 if spread["median"] < 1 else 1
+    low, high = number(spread["min"], digits), number(spread["max"], digits)
+    return f"{number(spread['median'], digits)} s ({low}–{high})"
+
+
+# -- the figures, each computed in one place ---------------------------------------------
+
+
+def agent_runs(*, busy: int, skip: bool, layout: str | None = None) -> list[dict[str, Any]]:
+    return [r for r in results("agent-cost.json")["runs"]
+            if r["busy"] == busy and r["skip_quiet_subtrees"] == skip
+            and layout in (None, r["layout"])]  # fmt: skip
+
+
+def agent_cost_running() -> str:
+    """The agent's share of a core, 10 of 200 containers running, as shipped (skipping)."""
+    return span([r["core_pct"] for r in agent_runs(busy=10, skip=True)], 2, " %")
+
+
+def agent_cost_idle() -> str:
+    return span([r["core_pct"] for r in agent_runs(busy=0, skip=True)], 2, " %")
+
+
+def agent_scrape_per_container() -> str:
+    return number(results("agent-cost.json")["scrape"]["ms_per_container"], 3)
+
+
+def agent_discovery_share() -> str:
+    runs = agent_runs(busy=10, skip=True) + agent_runs(busy=0, skip=True)
+    return span([r["discovery_thread_pct"] for r in runs], 2, " %")
+
+
+def steady_samples_share() -> str:
+    """A steady reconcile's samples, as a share of the first read's (§9)."""
+    return number(100 * results("operator-reconcile.json")["summary"]["steady_samples_share_max"],
+                  2) + " %"  # fmt: skip
+
+
+def steady_cpu() -> str:
+    reconciles = results("operator-reconcile.json")["reconciles"][1:]
+    return span([r["cpu_s"] for r in reconciles], 2, " s")
+
+
+def recommend_queries(which: str) -> int:
+    return int(results("recommend-queries.json")[which]["instant_queries"])
+
+
+def fetch_queries() -> int:
+    return int(results("cluster-query.json")["queries"])
+
+
+def cluster_seconds() -> str:
+    return number(results("cluster-query.json")["ours_s"]) + " s"
+
+
+def fewer_queries() -> str:
+    return number(results("cluster-query.json")["fewer_queries"]) + "×"
+
+
+def same_recommendations() -> str:
+    return results("operator-reconcile.json")["same_recommendations"]
+
+
+def model_speed(digits: int) -> str:
+    return number(results("simulate-speed.json")["median_s"], digits) + " s"
+
+
+def inplace_span(method: str, key: str, digits: int, unit: str = "") -> str:
+    """The range of one figure's medians over the scenarios of a method ("": all)."""
+    medians = []
+    for scenario, s in results("inplace.json")["summary"].items():
+        if method in scenario:
+            figure = s["per_deployment"].get(key) or s[key]
+            medians.append(figure["median"])
+    return span(medians, digits, unit)
+
+
+Quote = tuple[str, str, Callable[[], object]]
+"""(document, text with ``{}`` where the figure goes, the figure)."""
+
+QUOTES: list[Quote] = [
+    # the agent's cost: §5, README, install.md and the chart's test quote the same runs
+    ("docs/benchmarks.md", "With 10 of 200 containers running: **{}** of one core",
+     agent_cost_running),
+    ("docs/benchmarks.md", "none running: **{}**", agent_cost_idle),
+    ("README.md", "The agent's sampling costs {} of a core for 200 cgroups", agent_cost_running),
+    ("README.md", "10 of them running, {} when none run", agent_cost_idle),
+    ("docs/install.md", "sampling 200 containers every 100 ms costs {} of one core",
+     agent_cost_running),
+    ("docs/install.md", "({} when none run)", agent_cost_idle),
+    ("docs/install.md", "a scrape {} ms per container", agent_scrape_per_container),
+    ("docs/install.md", "the discovery thread {} of a core", agent_discovery_share),
+    ("tests/test_chart.py", "# docs/benchmarks.md §5: {} of a core sampling 200 containers",
+     agent_cost_running),
+    # the operator's steady reconcile: §9 and README
+    ("docs/benchmarks.md", "samples = {}** of the first", steady_samples_share),
+    ("README.md", "later ones read only what is new ({} of the samples", steady_samples_share),
+    ("README.md", "reconcile of 1,000 Deployments costs {} of CPU and", steady_cpu),
+    ("docs/benchmarks.md", "its CPU time (this process) | **{}**", steady_cpu),
+    ("README.md", "and {} of the samples of its first read", steady_samples_share),
+    ("README.md", "({} Deployments there)", lambda: same_recommendations().split(" of ")[0]
+     + " of 1,000"),
+    ("docs/benchmarks.md", "**{}** equal", same_recommendations),
+    # recommend's queries: README and §7
+    ("README.md", "in {} batched queries", lambda: recommend_queries("with_cluster")),
+    ("README.md", "({} without cluster access)", lambda: recommend_queries("no_cluster")),
+    ("docs/benchmarks.md", "`recommend` sends {} queries with cluster access",
+     lambda: recommend_queries("with_cluster")),
+    ("docs/benchmarks.md", "and {} with `--no-cluster`", lambda: recommend_queries("no_cluster")),
+    ("docs/benchmarks.md", "queries sent by `fetch` without cluster access | **{}**",
+     fetch_queries),
+    ("docs/benchmarks.md", "the same {} queries sent raw", fetch_queries),
+    ("README.md", "10,000 containers and a week: {} of queries", cluster_seconds),
+    ("README.md", "It sends {} batched queries in all", lambda: recommend_queries("with_cluster")),
+    ("README.md", "({} with `--no-cluster`), up", lambda: recommend_queries("no_cluster")),
+    ("README.md", "1,000 Deployments and 7 days: {} of queries (`--no-cluster`)", cluster_seconds),
+    ("README.md", "{} fewer than one query per workload", fewer_queries),
+    ("docs/benchmarks.md", "| fewer queries | **{}** |", fewer_queries),
+    # Apply in place (§13): the prose beside the tables
+    ("docs/benchmarks.md", "the stand-in acted {} (medians) after the resize was sent",
+     lambda: inplace_span("InPlace", "canary_after_sent_s", 2, " s")),
+    ("docs/benchmarks.md", "the change request leaves {}, medians",
+     lambda: inplace_span("", "sent_s", 2, " s after it starts")),
+    ("docs/benchmarks.md", "{} here, over 15 minutes",
+     lambda: inplace_span("InPlace", "every_pod_equiv_s", 0, " s")),
+    ("docs/benchmarks.md", "from the operator ({} requests",
+     lambda: inplace_span("InPlace", "requests_total", 0)),
+    ("docs/benchmarks.md", "against {}): per pod",
+     lambda: inplace_span("Rollout", "requests_total", 0)),
+    ("docs/benchmarks.md", "a rollout costs more writes ({}: each pod",
+     lambda: inplace_span("Rollout", "control_plane_writes", 0)),
+    ("docs/benchmarks.md", "than resizing in place ({})",
+     lambda: inplace_span("InPlace", "control_plane_writes", 0)),
+    ("docs/benchmarks.md", "was up during {} of the 35 runs", lambda: sum(
+        r["machine"]["kube_apiservers"] > 1 for r in results("inplace.json")["runs"])),
+    ("docs/benchmarks.md", "the whole machine was busy {} of 2", lambda: span(
+        [r["machine"]["busy_cores"] for r in results("inplace.json")["runs"]], 1, " cores")),
+    # the model's speed: §1 and README
+    ("README.md", "of 100 ms periods takes {};", lambda: model_speed(2)),
+    ("docs/benchmarks.md", "median {} (7 runs", lambda: model_speed(3)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("doc, text, figure", QUOTES, ids=[f"{d}: {t}" for d, t, _ in QUOTES])
+def test_the_docs_quote_the_figure_its_results_file_holds(
+    doc: str, text: str, figure: Callable[[], object]
+) -> None:
+    assert text.count("{}") == 1, "a quote holds its figure once"
+    quoted = text.format(figure())
+    assert quoted in prose(doc), f"{doc} should say: {quoted}"
+
+
+# -- tables, rebuilt from their results ---------------------------------------------------
+
+
+def agent_cost_table() -> list[str]:
+    rows = []
+    for busy in (10, 0):
+        for layout, label in (("flat", "flat, 200 series"), ("kubelet", "kubelet, 300 series")):
+            skip = agent_runs(busy=busy, skip=True, layout=layout)
+            read = agent_runs(busy=busy, skip=False, layout=layout)
+            running = f"{busy} of 200" if busy else "none"
+            rows.append(
+                f"| {label} | {running} "
+                f"| **{', '.join(number(r['core_pct'], 2) for r in skip)} %** "
+                f"| {', '.join(number(r['core_pct'], 2) for r in read)} % "
+                f"| {span([r['sampling_thread_ms_per_window'] for r in skip], 2, ' ms')} "
+                f"| {span([r['sampling_thread_ms_per_window'] for r in read], 2, ' ms')} "
+                f"| {span([r['other_load_cores'] for r in skip + read], 2)} |"
+            )
+    scrape = results("agent-cost.json")["scrape"]
+    rows.append(
+        f"| rendering a scrape | **{number(scrape['ms_per_container'], 3)} ms** CPU per "
+        f"container ({number(scrape['ms_per_scrape'], 1)} ms for {scrape['containers']}; "
+        f"{number(scrape['kib'])} KiB, {number(scrape['lines'])} lines) | ≤ 0.2 ms |"
+    )
+    return rows
+
+
+def cluster_query_table() -> list[str]:
+    r = results("cluster-query.json")
+    return [
+        f"| one query per metric per Deployment, as per-workload tools do "
+        f"| {number(r['per_workload_queries'])} ({number(r['per_workload_s'], 1)} s, "
+        f"answers not even parsed) |",
+        f"sent raw (HTTP, body read, nothing parsed) | {number(r['raw_http_s'], 2)} s |",
+        f"(`stats=all`) | {number(r['server_exec_s'], 2)} s |",
+        f"| `fetch`, three queries in flight (default) | **{number(r['ours_s'], 2)} s = "
+        f"{number(r['ratio_to_raw_http'], 2)}× raw** | ≤ 1.5× |",
+        f"| `fetch`, one query at a time | {number(r['ours_sequential_s'], 2)} s = "
+        f"{number(r['sequential_ratio_to_raw_http'], 2)}× raw | ≤ 1.5× |",
+        f"| answer size | {number(r['answer_mb'], 1)} MB JSON",
+        f"| samples Prometheus read | {number(r['samples_read'] / 1e6, 1)} million |",
+        f"| engine, {number(r['deployment_containers'])} Deployment containers, "
+        f"{r['engine_workers']} worker processes | {number(r['engine_s'], 1)} s |",
+        f"pod and ReplicaSet owners: {number(r['series'])} series.",
+        f"OpenMetrics ({number(r['om_bytes'] / 1e9, 2)} GB, {number(r['write_s'])} s) and "
+        f"backfilled with promtool ({number(r['backfill_s'])} s",
+        f"Against `execTotalTime` it is {number(r['ratio_to_server'], 2)}×",
+    ]
+
+
+FORMATS_HISTOGRAM = [
+    ("model (`Report.from_scan`: the JSON document, validated)", "model (from_scan)"),
+    ("Markdown", "Markdown"), ("HTML, 50 plots", "HTML, 50 plots"),
+    ("HTML, no plots (`max_plots=0`)", "HTML, no plots (`max_plots=0`)"),
+    ("JSON (`indent=2`, histograms included)", "JSON (`indent=2`)"),
+    ("kustomize (kustomization.yaml + 950 patches)", "kustomize"),
+]  # fmt: skip
+FORMATS_COUNTERS = [
+    ("model (`Report.from_scan`)", "model (from_scan)"), ("Markdown", "Markdown"),
+    ("JSON (`indent=2`), 50 containers' series", "JSON (`indent=2`)"),
+    ("JSON (`indent=2`) without the series", "JSON (`indent=2`) without the series"),
+    ("HTML, 50 containers plotted (144 points a series)", "HTML, 50 containers plotted"),
+    ("HTML, no plots (`max_plots=0`)", "HTML, no plots (`max_plots=0`)"),
+]  # fmt: skip
+
+
+def format_row(label: str, row: dict[str, Any]) -> str:
+    if "bytes" not in row:
+        return f"| {label} | {number(row['s'], 2)} s | | |"
+    return f"| {label} | {number(row['s'], 2)} s | {kib(row['bytes'])} | {row['svg']} |"
+
+
+def report_size_table() -> list[str]:
+    r = results("report-size.json")
+    rows = [format_row(label, r["histogram"]["formats"][key]) for label, key in FORMATS_HISTOGRAM]
+    counters = r["counters_only"]
+    rows += [format_row(label, counters["formats"][key]) for label, key in FORMATS_COUNTERS]
+    cm = counters["configmap"]
+    thinned = cm["thinned"]
+    rows.append(format_row(f"HTML from the ConfigMap's report.json ({thinned['deployments_shown']} "
+                           f"Deployments, {thinned['points_per_series']} points a series)",
+                           cm["html_from_configmap"]))  # fmt: skip
+    rows.append(format_row("the same, no plots", cm["html_from_configmap_no_plots"]))
+    for label, key in (
+        ("thinned (what the operator writes)", "thinned"),
+        ("not thinned", "not thinned"),
+        ("no series (the report before plots from counters)", "no series"),
+    ):
+        c = cm[key]
+        shape = (f"{c['points_per_series']} × {number(c['series_step_s'] / 60)} min"
+                 if c["points_per_series"] else "")  # fmt: skip
+        rows.append(f"| {label} | {shape} | {kib(c['json_all_deployments_bytes'])} "
+                    f"| {number(c['json_bytes'] / 1024)} + {kib(c['markdown_bytes'])} "
+                    f"| {c['deployments_shown']} of {number(c['deployments'])} "
+                    f"| {number(c['series_bytes'] / 1024) if c['series_bytes'] else 0}"
+                    f"{' KiB' if c['series_bytes'] else ''} |")  # fmt: skip
+    fits = counters["github_comment"]
+    hist = r["histogram"]["github_comment"]
+    rows.append(
+        f"`recommend --top {hist['largest_top_that_fits']} --format markdown` is the most "
+        f"that fits with the agent's histograms (`--top 25` is "
+        f"{number(hist['top_25_chars'])} characters, `--top 50` "
+        f"{number(hist['top_50_chars'])}), `--top {fits['largest_top_that_fits']}` with "
+        f"counters only, whose reasons are shorter (`--top 25` "
+        f"{number(fits['top_25_chars'])}, `--top 50` {number(fits['top_50_chars'])})."
+    )
+    return rows
+
+
+def operator_table() -> list[str]:
+    r = results("operator-reconcile.json")
+    first, steady = r["reconciles"][0], r["reconciles"][1:]
+    rec, summary = r["recommend"], r["summary"]
+    return [
+        f"| `recommend`'s scan of the window (same pipeline, in process) | {rec['queries']} "
+        f"queries, {number(rec['samples'] / 1e6, 1)} M samples, {number(rec['wall_s'], 1)} s |",
+        f"| the operator's first reconcile | **{first['queries']} queries**, "
+        f"{number(first['samples'] / 1e6, 1)} M samples (the same), "
+        f"{number(first['wall_s'], 1)} s: **{number(summary['first_vs_recommend_wall'], 2)}× "
+        f"`recommend`**",
+        f"| a steady-state reconcile | {span([s['queries'] for s in steady], 0)} queries "
+        f"(head + tail), **{span([s['samples'] for s in steady], 0)} samples = "
+        f"{steady_samples_share()}** of the first | ≤ 1 % |",
+        f"| RSS after 2 and after 10 reconciles (after `gc` and `malloc_trim`) "
+        f"| {number(summary['rss_mb_after_2'], 1)} and {number(summary['rss_mb_after_10'], 1)} MB",
+    ]
+
+
+def apply_faults_table() -> list[str]:
+    r = results("apply-faults.json")["summary"]
+    labels = {
+        "409": "409 on patches",
+        "500": "500 on patches",
+        "timeout": "patch timed out",
+        "prometheus": "Prometheus down",
+        "restart": "operator restarted",
+        "none": "none",
+    }
+    rows = [f"| {labels[k]} | {n} | 0 | all Applied |" for k, n in r["by_fault"].items()]
+    rows.append(f"| **all** | **{r['runs']}** | **{r['inconsistent_runs']}** (goal: none) | |")
+    return rows
+
+
+BAD_INPUT_ROWS = {  # results key → the start of its row in §11
+    "prometheus_urls": "| `--prometheus` URLs", "numbers": "| numbers", "text": "| text",
+    "credentials_and_headers": "| credentials and headers", "files": "| files",
+    "servers_that_fail": "| servers that fail", "simulate_and_lab": "| `simulate` and `lab`",
+    "agent": "| `agent`", "operator_report_and_more": "| `operator`",
+}  # fmt: skip
+
+
+def bad_input_table() -> list[str]:
+    r = results("bad-input.json")
+    section_11 = section(11)
+    for key, start in BAD_INPUT_ROWS.items():
+        g = r["groups"][key]
+        found = re.search(re.escape(start) + r"[^|]*\| (\d+) \| (\d+) / (\d+) \|", section_11)
+        assert found, f"§11 has no row starting {start}"
+        assert (int(found.group(1)), int(found.group(2)), int(found.group(3))) == (
+            g["cases"],
+            g["exit_2"],
+            g["exit_1"],
+        ), f"§11's row {start} should count {g}"
+    total = r["hand_written"]
+    generated = r["generated"]
+    return [
+        f"| **hand-written** | **{total['cases']}** | {total['exit_2']} / {total['exit_1']} |",
+        f"| {' + '.join([str(generated['examples_each'])] * generated['properties'])} |",
+    ]
+
+
+INPLACE_ROWS = {  # results scenario → its label in §13's tables
+    "3x4 Rollout maxConcurrent=4": "3 × 4, Rollout, maxConcurrent 4",
+    "3x4 Rollout maxConcurrent=1": "3 × 4, Rollout, maxConcurrent 1",
+    "3x4 InPlace maxConcurrent=1": "3 × 4, InPlace, maxConcurrent 1",
+    "3x4 InPlace maxConcurrent=4": "3 × 4, InPlace, maxConcurrent 4",
+    "1x20 Rollout maxConcurrent=1": "1 × 20, Rollout",
+    "1x20 InPlace maxConcurrent=1": "1 × 20, InPlace, maxConcurrent 1",
+    "1x20 InPlace maxConcurrent=4": "1 × 20, InPlace, maxConcurrent 4",
+}
+
+
+def inplace_tables() -> list[str]:
+    rows = []
+    for key, label in INPLACE_ROWS.items():
+        s = results("inplace.json")["summary"][key]
+        per = s["per_deployment"]
+        inplace = "InPlace" in key
+        first = (f"canary {seconds(per['canary_s'])}" if inplace
+                 else seconds(per["first_new_pod_ready_s"]))  # fmt: skip
+        verdict = (seconds(per["applied_equiv_s"]) if inplace
+                   else f"{number(per['applied_equiv_s']['median'])} s")  # fmt: skip
+        rest = seconds(per["rest_from_verdict_s"]) if inplace else "—"
+        rows.append(f"| {label} | {first} | {rest} | {seconds(per['every_pod_equiv_s'])}")
+        rows.append(f"| {verdict} | {'**' if inplace else ''}{s['pods_replaced']['median']} / "
+                    f"{s['container_restarts']['median']}{'**' if inplace else ''} |")  # fmt: skip
+        methods = s["requests_by_method"]
+        deployments = int(key.split("x")[0])
+        resized = per["resize_requests"]["median"] * deployments if inplace else 0
+        writes = s["control_plane_writes"]
+        rows.append(
+            f"| {label} | {s['reconciles']['median']} | "
+            + " / ".join(str(methods[m]["median"]) for m in ("GET", "PATCH", "POST", "PUT"))
+            + f" ({s['requests_total']['median']}) | {resized} | {writes['median']} "
+            f"({writes['min']}–{writes['max']}) |"
+        )
+    return rows
+
+
+def controlplane_table() -> list[str]:
+    r = results("controlplane.json")
+    load = number(r["load_average"][0], 1)
+    starts = " / ".join(f"{number(s, 1)} s" for s in r["start_s"])
+    return [f"{number(r['link_only_s'])} s at load average {load}",
+            f"| {number(r['warm_s'], 3)} s (hashing the inputs) |",
+            f"{starts} at load average {load}"]  # fmt: skip
+
+
+def alignment_rows() -> dict[str, dict[str, list[str]]]:
+    """bench/results/window-alignment.md (the script's Markdown): scenario → sampling → cells."""
+    table: dict[str, dict[str, list[str]]] = {}
+    scenario = ""
+    for line in (RESULTS / "window-alignment.md").read_text().splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        scenario = cells[0] or scenario
+        table.setdefault(scenario, {})[cells[1]] = cells[2:]
+    return table
+
+
+def largest_gap(scenarios: list[str], samplings: list[str], quantiles: range) -> str:
+    """How far, in cores, some samplings' quantiles land from the aligned truth at most."""
+    table = alignment_rows()
+    return number(max(abs(float(table[sc][way][q]) - float(table[sc]["aligned (truth)"][q]))
+                      for sc in scenarios for way in samplings for q in quantiles), 2)  # fmt: skip
+
+
+UNALIGNED = ["100ms @25", "100ms @50", "100ms @75"]
+
+
+def alignment_table() -> list[str]:
+    table = alignment_rows()
+    rows = []
+    for scenario in ("seed-002-burst (0.25 CPU)", "tune-open-pool (0.6 CPU)"):
+        ways = table[scenario]
+        rows.append(f"| {scenario} | aligned (truth) | {' | '.join(ways['aligned (truth)'])} |")
+        cells = [span([float(ways[w][i]) for w in UNALIGNED], 3 if i == 3 else 2)
+                 for i in range(4)]  # fmt: skip
+        rows.append(f"| | 100ms @25 / @50 / @75 | {' | '.join(cells)} | |")
+        for way in ("sliding 25ms", "sliding max"):
+            rows.append(f"| | {way} | {' | '.join(ways[way][:4])} | |")
+    others = ["tune-batch-parallel (1 CPU)", "seed-000-serial-5ms (0.5 CPU)"]
+    every = [w for w in table[others[0]] if w != "aligned (truth)"]
+    rows.append(f"| tune-batch-parallel, serial-5ms | all | equal within "
+                f"{largest_gap(others, every, range(3))} | | | 1.000 | 1.000 |")  # fmt: skip
+    gap = largest_gap(["seed-002-burst (0.25 CPU)", "tune-open-pool (0.6 CPU)"], UNALIGNED,
+                      range(2))  # fmt: skip
+    rows.append(f"Unaligned windows land within {gap} core of the aligned truth at p50 and p90")
+    return rows
+
+
+TABLES: dict[str, tuple[int, Callable[[], list[str]]]] = {
+    "agent cost (§5)": (5, agent_cost_table),
+    "sampling windows (§6)": (6, alignment_table),
+    "recommend at 10,000 containers (§7)": (7, cluster_query_table),
+    "report sizes (§8)": (8, report_size_table),
+    "the operator (§9)": (9, operator_table),
+    "Apply under faults (§10)": (10, apply_faults_table),
+    "bad input (§11)": (11, bad_input_table),
+    "the control plane (§12)": (12, controlplane_table),
+    "Apply in place (§13)": (13, inplace_tables),
+}
+
+
+@pytest.mark.parametrize("name", list(TABLES))
+def test_each_table_holds_what_its_results_file_holds(name: str) -> None:
+    number_, rows = TABLES[name]
+    text = section(number_)
+    missing = [row for row in map(" ".join, map(str.split, rows())) if row not in text]
+    assert not missing, f"§{number_} should hold:\n" + "\n".join(missing)
+
+
+# -- every results file quoted has its command beside it ----------------------------------
+
+SOURCES = {  # results file → the script that writes it, and the section that quotes it
+    "agent-cost.json": ("bench/agent_cost.py", 5),
+    "window-alignment.md": ("bench/window_alignment.py", 6),
+    "cluster-query.json": ("bench/cluster_query.py", 7),
+    "recommend-queries.json": ("bench/recommend_queries.py", 7),
+    "report-size.json": ("bench/report_size.py", 8),
+    "operator-reconcile.json": ("bench/operator_reconcile.py", 9),
+    "apply-faults.json": ("bench/apply_faults.py", 10),
+    "bad-input.json": ("bench/bad_input_cases.py", 11),
+    "controlplane.json": ("bench/controlplane.py", 12),
+    "inplace.json": ("bench/inplace.py", 13),
+    "simulate-speed.json": ("bench/simulate_speed.py", 1),
+}
+
+
+@pytest.mark.parametrize("name", list(SOURCES))
+def test_each_results_file_is_named_with_the_command_that_writes_it(name: str) -> None:
+    script, number_ = SOURCES[name]
+    text = section(number_)
+    assert f"bench/results/{name}" in text
+    assert script in text
+    assert (ROOT / script).is_file()
+
+
+@pytest.mark.parametrize("name", ["agent-cost.json", "simulate-speed.json"])
+def test_timings_quoted_were_measured_without_the_kernel_lab_beside_them(name: str) -> None:
+    """The kernel lab moves every other process into an idle-priority cgroup while it runs."""
+    assert results(name)["lab_cgroups_seen"] == []
+
+
+def test_the_agent_cost_quoted_covers_both_layouts_busy_and_idle_with_its_options() -> None:
+    measured = results("agent-cost.json")
+    assert {(r["layout"], r["busy"], r["skip_quiet_subtrees"]) for r in measured["runs"]} == {
+        (layout, busy, skip) for layout in ("flat", "kubelet") for busy in (10, 0)
+        for skip in (True, False)
+    }  # fmt: skip
+    options = measured["options"]
+    assert f"--seconds {number(options['seconds'])} --repeat {options['repeat']}" in section(5)
