@@ -1,7 +1,7 @@
 """What the agent costs: sampling 200 real containers every 100 ms, and rendering a scrape.
 
     sudo .venv/bin/python bench/agent_cost.py [--layout flat|kubelet|both] [--seconds 10]
-                                              [--busy 10 0] [--repeat 2]
+                                              [--busy 10 0] [--repeat 2] [--wait on off]
                                               [--save bench/results/agent-cost.json]
 
 Creates real cgroups below unthrottle-bench-PID (removed at the end), in one of two
@@ -15,14 +15,19 @@ layouts:
 ``--busy`` containers (one run per number given) run a process that burns 2 ms
 every 100 ms (the rest are idle). The agent's own ``Sampler`` samples them every
 100 ms for ``--seconds``, discovery included, once reading every cgroup each window
-and once skipping the subtrees whose usage did not move (``skip_idle_subtrees``),
-alternately ``--repeat`` times. Reported: this process's CPU time as a share of one
+and once skipping the subtrees whose usage did not move (``skip_idle_subtrees``), each
+with and without the threads' wait (``measure_wait``; ``--wait`` picks), alternately
+``--repeat`` times. Reported: this process's CPU time as a share of one
 core (goal ≤ 1 %), the sampling and discovery threads' shares of it, the sampling
 thread's CPU per window, and µs per series per window. Then ``/metrics`` is rendered
 50 times for the flat layout (goal ≤ 0.2 ms per container). The machine's other load
 (less the busy containers') is printed beside each figure: a shared machine's
 figures are noisy. ``--save`` writes every figure, the options and the machine's
 load to a JSON file (docs/benchmarks.md §5 quotes it).
+
+The busy containers have one thread each; the wait costs a ``pread`` per thread of a
+container that ran. So the cost of reading one thread's wait, and of re-reading a
+container's thread list, is measured apart on a container of ``--threads`` threads.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import glob
+import itertools
 import json
 import os
 import signal
@@ -48,6 +54,7 @@ from unthrottle.agent.sampling import Sampler
 from unthrottle.agent.settings import AgentSettings
 from unthrottle.cfs import Bandwidth
 from unthrottle.cgroups import Cgroup, Layout, detect_layout
+from unthrottle.cgroups.waits import WaitReader
 from unthrottle.lab.noise import OtherLoad
 
 BUSY = (
@@ -143,8 +150,11 @@ def thread_cpu_s(thread: threading.Thread) -> float:
         return 0.0
 
 
-def measure(tree: Tree, discover: Discover, *, skip: bool, seconds: float) -> dict[str, Any]:
-    sampler = Sampler(tree.layout, discover, AgentSettings(skip_idle_subtrees=skip))
+def measure(
+    tree: Tree, discover: Discover, *, skip: bool, wait: bool, seconds: float
+) -> dict[str, Any]:
+    settings = AgentSettings(skip_idle_subtrees=skip, measure_wait=wait)
+    sampler = Sampler(tree.layout, discover, settings)
     try:
         sampler.refresh()
         series = len(sampler.series)
@@ -162,6 +172,7 @@ def measure(tree: Tree, discover: Discover, *, skip: bool, seconds: float) -> di
         sampler.close()
     return {
         "skip_quiet_subtrees": skip,
+        "measure_wait": wait,
         "series": series,
         "windows": windows,
         "wall_s": round(wall, 2),
@@ -177,8 +188,9 @@ def measure(tree: Tree, discover: Discover, *, skip: bool, seconds: float) -> di
 
 def describe(m: dict[str, Any]) -> str:
     how = "skipping quiet subtrees" if m["skip_quiet_subtrees"] else "reading every cgroup"
+    how += ", with the wait" if m["measure_wait"] else ", without the wait"
     return (
-        f"{how:>24}: {m['series']} series, {m['windows']} windows in {m['wall_s']:.1f} s, "
+        f"{how:>42}: {m['series']} series, {m['windows']} windows in {m['wall_s']:.1f} s, "
         f"CPU {m['cpu_s']:.3f} s = **{m['core_pct']:.2f} %** of one core (sampling thread "
         f"{m['sampling_thread_pct']:.2f} %, {m['sampling_thread_ms_per_window']:.2f} ms a window; "
         f"discovery {m['discovery_thread_pct']:.2f} %); "
@@ -209,10 +221,57 @@ def scrape_cost(layout: Layout, discover: Discover, containers: int) -> dict[str
     }
 
 
+THREADS = (
+    "import sys, threading, time\n"
+    "for _ in range(int(sys.argv[1]) - 1):\n"
+    "    threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n"
+    "time.sleep(3600)\n"
+)
+
+
+def wait_read_cost(layout: Layout, root: str, threads: int, reads: int = 200) -> dict[str, Any]:
+    """CPU per thread of one wait read (a ``pread`` per thread), and of re-reading the
+    thread list (the ``tasks`` file, then an open per new thread), on a container of
+    ``threads`` threads."""
+    tree = Tree(layout)
+    try:
+        tree.make(root)
+        cg = tree.make(f"{root}/threads")
+        proc = subprocess.Popen([sys.executable, "-c", THREADS, str(threads)])
+        tree.procs.append(proc)
+        cg.add_process(proc.pid)
+        while len((layout.cpu_root / cg.path / "tasks").read_text().split()) < threads:
+            time.sleep(0.05)
+        waits = WaitReader(layout, cg.path, refresh_ns=10**15)
+        try:
+            waits.read()
+            cpu0 = time.process_time()
+            for _ in range(reads):
+                waits.read(100_000_000)
+            read_s = (time.process_time() - cpu0) / reads
+            cpu0 = time.process_time()
+            for _ in range(reads // 10):
+                waits.close()
+                waits.read()  # the list, and an open per thread
+            list_s = (time.process_time() - cpu0) / (reads // 10)
+            seen = waits.threads
+        finally:
+            waits.close()
+    finally:
+        tree.cleanup()
+    return {
+        "threads": seen,
+        "us_per_read": round(1e6 * read_s, 1),
+        "us_per_thread_per_read": round(1e6 * read_s / seen, 2),
+        "us_per_list_and_open": round(1e6 * list_s, 1),
+    }
+
+
 def lab_cgroups() -> list[str]:
     """The other engineer's kernel lab parks every other process in an idle-priority
-    cgroup while it runs: a figure taken then is not comparable."""
-    return sorted(glob.glob("/sys/fs/cgroup/cpu/unthrottle-lab-others-*"))
+    cgroup while it runs (``unthrottle-lab-others-…``), and runs its workloads in
+    ``unthrottle-lab-…``: a figure taken beside either is not comparable."""
+    return sorted(glob.glob("/sys/fs/cgroup/cpu/unthrottle-lab-*"))
 
 
 def main() -> None:
@@ -223,6 +282,19 @@ def main() -> None:
                         help="containers that run (one run of each layout per number)")  # fmt: skip
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument(
+        "--wait",
+        choices=["on", "off"],
+        nargs="+",
+        default=["on", "off"],
+        help="measure with the threads' wait read, without, or both",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=100,
+        help="threads of the container whose wait read is timed apart",
+    )
     parser.add_argument("--save", type=Path, help="write the figures to this JSON file")
     args = parser.parse_args()
     layout = detect_layout()
@@ -237,6 +309,7 @@ def main() -> None:
         "lab_cgroups_seen": lab_cgroups(),
         "runs": [],
         "scrape": None,
+        "wait_read": None,
     }
     for busy in args.busy:
         for name in ["flat", "kubelet"] if args.layout == "both" else [args.layout]:
@@ -248,8 +321,9 @@ def main() -> None:
                 print(f"## {name}: {args.containers} containers, {busy} of them running "
                       f"2 ms every 100 ms ({layout.version})", flush=True)  # fmt: skip
                 for _ in range(args.repeat):
-                    for skip in (True, False):
-                        m = measure(tree, discover, skip=skip, seconds=args.seconds)
+                    for skip, wait in itertools.product((True, False), args.wait):
+                        m = measure(tree, discover, skip=skip, wait=wait == "on",
+                                    seconds=args.seconds)  # fmt: skip
                         result["runs"].append({"layout": name, "busy": busy, **m})
                         print(describe(m), flush=True)
                         result["lab_cgroups_seen"] = sorted({*result["lab_cgroups_seen"],
@@ -263,6 +337,16 @@ def main() -> None:
                           f"{scrape['kib']} KiB, {scrape['lines']} lines", flush=True)  # fmt: skip
             finally:
                 tree.cleanup()
+    if "on" in args.wait:
+        cost = wait_read_cost(layout, f"unthrottle-bench-{os.getpid()}-threads", args.threads)
+        result["wait_read"] = cost
+        print(
+            f"reading the wait of {cost['threads']} threads: {cost['us_per_read']:.1f} µs "
+            f"CPU = {cost['us_per_thread_per_read']:.2f} µs per thread; re-reading the "
+            f"list and opening each: {cost['us_per_list_and_open']:.0f} µs",
+            flush=True,
+        )
+        result["lab_cgroups_seen"] = sorted({*result["lab_cgroups_seen"], *lab_cgroups()})
     result["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
     if result["lab_cgroups_seen"]:
         print(f"the kernel lab ran beside this bench ({result['lab_cgroups_seen']}): "

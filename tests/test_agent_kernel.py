@@ -3,6 +3,8 @@
 A busy thread runs in a cgroup laid out like the kubelet's
 (``kubepods/burstable/pod<uid>/<id>``) under a 0.3 CPU quota: it uses 0.3 of
 a core and is throttled for the rest, so its demand is about 1 core per window.
+Beside a hog pinned to its CPU, it gets half a core or its quota, and waits for
+the rest: its threads' wait (schedstat run delay) brings the demand back to 1 core.
 """
 
 from __future__ import annotations
@@ -94,12 +96,15 @@ class Workload(CgroupTree):
             self.make(path)
         self.container = self.make(self.levels[-1], self.quota_us)
 
-    def start(self, seconds: float) -> None:
+    def start(self, seconds: float, *, cpu: int | None = None) -> None:
+        """The busy thread, for ``seconds`` of wall time; pinned to ``cpu`` if given."""
         self.prepare()
         code = (
             f"import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end: pass"
         )
         self.child = subprocess.Popen([sys.executable, "-c", code])
+        if cpu is not None:
+            os.sched_setaffinity(self.child.pid, {cpu})
         self.container.add_process(self.child.pid)
 
     def finish(self) -> None:
@@ -114,8 +119,9 @@ class Workload(CgroupTree):
 
 
 @pytest.fixture
-def workload(layout: Layout) -> Iterator[Workload]:
-    w = Workload(layout)
+def workload(layout: Layout, request: pytest.FixtureRequest) -> Iterator[Workload]:
+    """The workload, with the quota a test passes (``indirect``), else 0.3 CPU."""
+    w = Workload(layout, getattr(request, "param", 30_000))
     try:
         yield w
     finally:
@@ -178,6 +184,57 @@ def test_the_agent_exports_what_the_kernel_counts_and_the_demand_usage_hides(
     assert mine["unthrottle_cpu_demand_peak_cores"][0] >= 0.9
     # The pod-level and QoS cgroups have neither quota nor processes: not containers here.
     assert {labels["pod"] for labels, _ in got["unthrottle_cpu_cfs_periods_total"]} == {pod}
+    # With a core to itself, the thread waited only while throttled: its wait is the
+    # throttled time (but for the last window, when it exited: ≤ 0.1 s), not more demand.
+    (wait,) = mine["unthrottle_cpu_wait_seconds_total"]
+    throttled = kernel.throttled_us / 1e6
+    assert abs(wait - throttled) <= 0.05 * throttled + 0.1, (wait, throttled)
+
+
+CPU = max(os.sched_getaffinity(0))
+BESIDE_A_HOG = {
+    # standalone mode finds a cgroup with a quota or processes: 2 CPUs is no limit for one
+    # thread, and the cgroup is found before its thread starts
+    "no limit (2 CPU, one thread)": 200_000,
+    "0.6 CPU (not binding)": 60_000,
+    "0.3 CPU": 30_000,
+}
+
+
+@pytest.mark.parametrize("workload", BESIDE_A_HOG.values(), ids=BESIDE_A_HOG.keys(),
+                         indirect=True)  # fmt: skip
+def test_beside_a_hog_the_wait_shows_the_demand_that_usage_and_throttling_hide(
+    workload: Workload, agent: str
+) -> None:
+    seconds = 3.0
+    with Isolation(workload.layout):  # the hog is this test's: it keeps its priority
+        hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        try:
+            os.sched_setaffinity(hog.pid, {CPU})
+            # beside the workload's tree, at its weight, wherever this process sits
+            workload.make(f"{workload.root}-hog").add_process(hog.pid)
+            workload.start(seconds=seconds, cpu=CPU)
+            workload.finish()
+        finally:
+            stop(hog)
+    time.sleep(0.5)
+    status, text = get(f"http://{agent}/metrics")
+    assert status == 200
+    got = samples(text)
+    pod = f"kubepods/burstable/pod{UID}/{CID}"
+    mine = {k: [v for labels, v in rows if labels.get("pod") == pod] for k, rows in got.items()}
+    (usage,) = mine["unthrottle_cpu_usage_seconds_total"]
+    (throttled,) = mine["unthrottle_cpu_cfs_throttled_seconds_total"]
+    (wait,) = mine["unthrottle_cpu_wait_seconds_total"]
+    share = min(0.5, workload.quota_us / 100_000)  # half the CPU, or its quota if less
+    assert usage == pytest.approx(share * seconds, rel=0.2), (usage, throttled, wait)
+    # It waited for the rest of its wall time, behind the hog or on its quota.
+    assert usage + max(throttled, wait) == pytest.approx(seconds, rel=0.12), (usage, wait)
+    buckets = {labels["le"]: v for labels, v in got["unthrottle_cpu_demand_cores_bucket"]
+               if labels["pod"] == pod}  # fmt: skip
+    # Windows at about 1 core, where usage + throttled time reads half of that or less.
+    assert buckets["1.25"] - buckets["0.75"] >= 18, buckets
+    assert buckets["0.6"] - buckets["0.05"] <= 6, buckets
 
 
 def test_healthz_answers_while_sampling(agent: str) -> None:

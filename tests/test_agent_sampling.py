@@ -335,8 +335,13 @@ def test_on_a_kubelet_tree_the_gated_windows_add_up_to_what_the_kernel_counted(
             sampler.sample()
         stat = busy.read_stat()
         series = sampler.series[busy.path]
-        assert abs(series.last_demand_us - (stat.usage_us + stat.throttled_us)) <= 1
+        # Demand = usage + throttled time + the wait beyond the throttled time, window by
+        # window: the first two to the µs, whatever the third.
+        demand = series.last_demand_us - series.contention_us
+        assert abs(demand - (stat.usage_us + stat.throttled_us)) <= 1
         assert stat.nr_throttled >= 3 and series.sum_cores > 3
+        # Throttled, it waited in its run queue (the last window's wait left with it).
+        assert series.wait_us >= 0.8 * stat.throttled_us
         for path in paths[1:]:
             assert sampler.series[path].sum_cores == 0
     finally:

@@ -263,10 +263,10 @@ class TestCheckpoint:
         yield "empty", b""
         yield "foreign", b'{"apiVersion": "v1", "kind": "ConfigMap"}'
         body = zlib.compress(b"\0\0\0\x02{}")
-        yield "valid outside, nonsense inside", struct.pack(">8sHI", b"UNTHRAGG", 1,
+        yield "valid outside, nonsense inside", struct.pack(">8sHI", b"UNTHRAGG", 2,
                                                             zlib.crc32(body)) + body  # fmt: skip
         packed = data[14:]
-        yield "a newer format", struct.pack(">8sHI", b"UNTHRAGG", 2, zlib.crc32(packed)) + packed
+        yield "a newer format", struct.pack(">8sHI", b"UNTHRAGG", 3, zlib.crc32(packed)) + packed
 
     def test_a_corrupt_or_foreign_blob_is_a_checkpoint_error(self) -> None:
         agg = WindowAggregates(WINDOW)
@@ -279,8 +279,8 @@ class TestCheckpoint:
     def test_a_newer_format_says_so(self) -> None:
         data = WindowAggregates(WINDOW).to_bytes()
         packed = data[14:]
-        blob = struct.pack(">8sHI", b"UNTHRAGG", 2, zlib.crc32(packed)) + packed
-        with pytest.raises(CheckpointError, match="format 2; this operator reads 1"):
+        blob = struct.pack(">8sHI", b"UNTHRAGG", 3, zlib.crc32(packed)) + packed
+        with pytest.raises(CheckpointError, match="format 3; this operator reads 2"):
             WindowAggregates.from_bytes(blob)
 
 
@@ -310,7 +310,7 @@ def test_five_minute_reads_folded_recommend_what_a_fresh_full_read_does(
         start, end = agg.next_read(now)
         before = source.queries
         slots = fetch_slots(source, [], start, end, slot_s=agg.slot_s, owners=owners)
-        assert source.queries - before == 7
+        assert source.queries - before == 8
         assert len(slots) == (24 if k == 0 else 1)
         for slot in slots:
             agg.fold(slot)

@@ -34,7 +34,8 @@ from unthrottle.kube.deployments import KubeDeployments
 from unthrottle.kube.objects import KubeObjects
 from unthrottle.kube.patching import RECORD_ANNOTATION, ContainerChange, Record, plan
 from unthrottle.kube.workloads import KubeWorkloadStore
-from unthrottle.metrics.aggregates import WindowAggregates, sealed, unsealed
+from unthrottle.metrics.aggregates import _FORMAT as FORMAT
+from unthrottle.metrics.aggregates import CheckpointError, WindowAggregates, sealed, unsealed
 from unthrottle.metrics.evidence import ContainerEvidence, Slot, WorkloadKey, fetch
 from unthrottle.metrics.incremental import fetch_slots
 from unthrottle.metrics.source import PrometheusConfig, PrometheusSource
@@ -226,14 +227,14 @@ def test_the_period_rides_in_the_limits_query_so_the_batch_is_no_bigger(world: W
     owners = world.store().pod_owners(mixed)
     before = world.source.queries
     found = fetch(world.source, mixed, HOUR, at=world.end, owners=owners)
-    assert world.source.queries - before == 7  # with owners from the API, as ever
+    assert world.source.queries - before == 8  # with owners from the API, as ever
     assert [(i.agent_periods_us, i.limit_millicores) for i in found.values()] == [
         ({50_000, 100_000}, 500)]  # fmt: skip
     before = world.source.queries  # the operator's range queries: a period at every step
     slots = fetch_slots(
         world.source, mixed, world.end - HOUR, world.end, slot_s=1200, owners=owners
     )
-    assert world.source.queries - before == 7
+    assert world.source.queries - before == 8
     assert [[i.agent_periods_us for i in s.evidence.values()] for s in slots] == [
         [{50_000, 100_000}]] * 3  # fmt: skip
 
@@ -397,11 +398,19 @@ def test_the_operator_keeps_the_latest_period_through_slots_and_restarts() -> No
 def test_a_checkpoint_written_before_periods_were_kept_reads_back_without_them() -> None:
     agg = WindowAggregates(3600, 600)
     agg.fold(_slot(T0, {50_000}))
-    body = zlib.decompress(unsealed(agg.to_bytes(), b"UNTHRAGG", 1, "aggregates"))
+    body = zlib.decompress(unsealed(agg.to_bytes(), b"UNTHRAGG", FORMAT, "aggregates"))
     (length,) = struct.unpack_from(">I", body)
     head = json.loads(body[4 : 4 + length])
     del head["periods"]
     text = json.dumps(head, separators=(",", ":")).encode()
     old = struct.pack(">I", len(text)) + text + body[4 + length :]
-    back = WindowAggregates.from_bytes(sealed(b"UNTHRAGG", 1, zlib.compress(old)))
+    back = WindowAggregates.from_bytes(sealed(b"UNTHRAGG", FORMAT, zlib.compress(old)))
     assert back.evidence(T0 + 300)[KEY].agent_periods_us == set()
+
+
+def test_a_checkpoint_from_before_the_wait_column_is_refused_so_the_window_is_read_again() -> None:
+    agg = WindowAggregates(3600, 600)
+    agg.fold(_slot(T0, {50_000}))
+    body = unsealed(agg.to_bytes(), b"UNTHRAGG", FORMAT, "aggregates")
+    with pytest.raises(CheckpointError, match="checkpoint format 1; this operator reads 2"):
+        WindowAggregates.from_bytes(sealed(b"UNTHRAGG", 1, body))

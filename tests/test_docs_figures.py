@@ -66,19 +66,28 @@ def seconds(spread: dict[str, float]) -> str:
 # -- the figures, each computed in one place ---------------------------------------------
 
 
-def agent_runs(*, busy: int, skip: bool, layout: str | None = None) -> list[dict[str, Any]]:
+def agent_runs(
+    *, busy: int, skip: bool, layout: str | None = None, wait: bool = True
+) -> list[dict[str, Any]]:
+    """The runs of bench/agent_cost.py; by default as shipped, with the threads' wait."""
     return [r for r in results("agent-cost.json")["runs"]
             if r["busy"] == busy and r["skip_quiet_subtrees"] == skip
-            and layout in (None, r["layout"])]  # fmt: skip
+            and r["measure_wait"] == wait and layout in (None, r["layout"])]  # fmt: skip
 
 
-def agent_cost_running() -> str:
-    """The agent's share of a core, 10 of 200 containers running, as shipped (skipping)."""
-    return span([r["core_pct"] for r in agent_runs(busy=10, skip=True)], 2, " %")
+def agent_cost_running(*, wait: bool = True) -> str:
+    """The agent's share of a core, 10 of 200 containers running, as shipped (skipping
+    quiet subtrees, reading the wait), or without the wait."""
+    return span([r["core_pct"] for r in agent_runs(busy=10, skip=True, wait=wait)], 2, " %")
 
 
-def agent_cost_idle() -> str:
-    return span([r["core_pct"] for r in agent_runs(busy=0, skip=True)], 2, " %")
+def agent_cost_idle(*, wait: bool = True) -> str:
+    return span([r["core_pct"] for r in agent_runs(busy=0, skip=True, wait=wait)], 2, " %")
+
+
+def agent_wait_read(key: str, digits: int) -> str:
+    """The cost of reading one container's threads' wait, measured apart (§5)."""
+    return number(results("agent-cost.json")["wait_read"][key], digits)
 
 
 def agent_scrape_per_container() -> str:
@@ -143,6 +152,18 @@ QUOTES: list[Quote] = [
     ("docs/benchmarks.md", "With 10 of 200 containers running: **{}** of one core",
      agent_cost_running),
     ("docs/benchmarks.md", "none running: **{}**", agent_cost_idle),
+    ("docs/benchmarks.md", "Without the wait: {} with 10 running",
+     lambda: agent_cost_running(wait=False)),
+    ("docs/benchmarks.md", "and {} with none", lambda: agent_cost_idle(wait=False)),
+    ("docs/benchmarks.md", "reading the wait of {} threads",
+     lambda: results("agent-cost.json")["wait_read"]["threads"]),
+    ("docs/benchmarks.md", "costs {} µs of CPU per thread",
+     lambda: agent_wait_read("us_per_thread_per_read", 2)),
+    ("docs/benchmarks.md", "and re-reading its thread list {} µs",
+     lambda: agent_wait_read("us_per_list_and_open", 0)),
+    ("docs/agent.md", "for 200 containers of which 10 run, {} of one core", agent_cost_running),
+    ("docs/agent.md", "without the wait, {})", lambda: agent_cost_running(wait=False)),
+    ("docs/agent.md", "when none run, {}", agent_cost_idle),
     ("README.md", "The agent's sampling costs {} of a core for 200 cgroups", agent_cost_running),
     ("README.md", "10 of them running, {} when none run", agent_cost_idle),
     ("docs/install.md", "sampling 200 containers every 100 ms costs {} of one core",
@@ -214,19 +235,24 @@ def test_the_docs_quote_the_figure_its_results_file_holds(
 
 
 def agent_cost_table() -> list[str]:
+    def each(runs: list[dict[str, Any]]) -> str:
+        return ", ".join(number(r["core_pct"], 2) for r in runs) + " %"
+
+    def per_window(runs: list[dict[str, Any]]) -> str:
+        return span([r["sampling_thread_ms_per_window"] for r in runs], 2, " ms")
+
     rows = []
     for busy in (10, 0):
         for layout, label in (("flat", "flat, 200 series"), ("kubelet", "kubelet, 300 series")):
-            skip = agent_runs(busy=busy, skip=True, layout=layout)
-            read = agent_runs(busy=busy, skip=False, layout=layout)
+            runs = {(skip, wait): agent_runs(busy=busy, skip=skip, layout=layout, wait=wait)
+                    for skip in (True, False) for wait in (True, False)}  # fmt: skip
             running = f"{busy} of 200" if busy else "none"
             rows.append(
-                f"| {label} | {running} "
-                f"| **{', '.join(number(r['core_pct'], 2) for r in skip)} %** "
-                f"| {', '.join(number(r['core_pct'], 2) for r in read)} % "
-                f"| {span([r['sampling_thread_ms_per_window'] for r in skip], 2, ' ms')} "
-                f"| {span([r['sampling_thread_ms_per_window'] for r in read], 2, ' ms')} "
-                f"| {span([r['other_load_cores'] for r in skip + read], 2)} |"
+                f"| {label} | {running} | **{each(runs[True, True])}** "
+                f"| {each(runs[True, False])} | {each(runs[False, True])} "
+                f"| {each(runs[False, False])} | {per_window(runs[True, True])} "
+                f"| {per_window(runs[True, False])} "
+                f"| {span([r['other_load_cores'] for rs in runs.values() for r in rs], 2)} |"
             )
     scrape = results("agent-cost.json")["scrape"]
     rows.append(
@@ -525,9 +551,11 @@ def test_timings_quoted_were_measured_without_the_kernel_lab_beside_them(name: s
 
 def test_the_agent_cost_quoted_covers_both_layouts_busy_and_idle_with_its_options() -> None:
     measured = results("agent-cost.json")
-    assert {(r["layout"], r["busy"], r["skip_quiet_subtrees"]) for r in measured["runs"]} == {
-        (layout, busy, skip) for layout in ("flat", "kubelet") for busy in (10, 0)
-        for skip in (True, False)
+    assert {(r["layout"], r["busy"], r["skip_quiet_subtrees"], r["measure_wait"])
+            for r in measured["runs"]} == {
+        (layout, busy, skip, wait) for layout in ("flat", "kubelet") for busy in (10, 0)
+        for skip in (True, False) for wait in (True, False)
     }  # fmt: skip
+    assert measured["wait_read"]["threads"] >= 100
     options = measured["options"]
     assert f"--seconds {number(options['seconds'])} --repeat {options['repeat']}" in section(5)

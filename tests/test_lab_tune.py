@@ -55,3 +55,28 @@ def test_a_bad_target_is_refused_naming_the_field_before_anything_runs() -> None
     )  # fmt: skip
     assert out.returncode == 2
     assert "1.5 is not in (0, 1)" in out.stderr
+
+
+@pytest.mark.kernel
+@pytest.mark.slow
+def test_on_a_busy_node_tune_meets_the_target_under_the_same_contention() -> None:
+    """Both cores busy with other processes' threads (``other_threads: 2``): the demand the
+    contention hid is counted from the wait, and the answer, measured beside the same two
+    threads, meets the target (docs/benchmarks.md §4). Sized from usage + throttled time
+    alone it stayed throttled in 35 % of periods."""
+    assert KERNEL_LAYOUT is not None, "conftest fails a CI run without a cgroup CPU controller"
+    scenario = ROOT / "scenarios" / "tune-serial-busy.yaml"
+    out = subprocess.run(
+        [str(UNTHROTTLE), "lab", "tune", "--json", "--isolate", "--no-baselines", str(scenario)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["before"]["limit"] == {"cpus": 0.6, "other_threads": 2}
+    assert result["before"]["throttle_ratio"] > 0.05
+    assert result["before"]["wait_ms"] > result["before"]["throttled_ms"]  # contention too
+    rec = result["recommendation"]
+    assert any("the demand counts the time its threads waited" in r for r in rec["reasons"])
+    final = result["refined"]["after"] if result["refined"] else result["after"]
+    assert final["limit"]["other_threads"] == 2  # measured beside the same threads
+    assert final["throttle_ratio"] <= 0.05 + 0.02

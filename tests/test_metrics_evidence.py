@@ -83,13 +83,13 @@ def history(now: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def test_deployments_get_their_evidence_in_nine_queries(tmp_path: Path) -> None:
+def test_deployments_get_their_evidence_in_ten_queries(tmp_path: Path) -> None:
     now = int(time.time())
     with PrometheusServer(tmp_path, openmetrics=history(now)) as prom:
         source = PrometheusSource(PrometheusConfig(prom.url))
         announced: list[str] = []
         found = fetch(source, ["shop"], 3600, at=now, on_query=announced.append)
-    assert source.queries == 9 == len(announced)
+    assert source.queries == 10 == len(announced)
     assert "container_cpu_cfs_periods_total" in announced
     assert set(found) == {WorkloadKey("shop", "api", "api"), WorkloadKey("shop", "batch", "main"),
                           WorkloadKey("shop", "idle", "web")}  # fmt: skip

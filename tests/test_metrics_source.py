@@ -46,7 +46,7 @@ class TestEscaping:
 
     def test_queries_are_batched_one_per_metric(self) -> None:
         queries = counter_queries(["a", "b", "c"], 7 * 86_400)
-        assert len(queries) == 4
+        assert len(queries) == 5  # usage, periods, throttled periods and time, the wait
         assert all('namespace=~"a|b|c"' in q and 'container!="POD"' in q for q in queries.values())
 
 

@@ -4,7 +4,7 @@ prometheus-client's generic collector path was measured at about 0.9 ms of CPU
 per cgroup per scrape with a dozen buckets, ten times what 100 ms sampling costs
 the same cgroup in a second (0.09 ms); a node has hundreds of containers. This
 renderer builds each container's label set once per scrape, formats the bucket
-bounds once per process, and writes lines with plain string joins: 0.025 ms per
+bounds once per process, and writes lines with plain string joins: about 0.03 ms per
 container per scrape on the machines of docs/benchmarks.md §5 ("What the agent
 costs", ``bench/results/agent-cost.json``). The format is checked by prometheus-client's parser
 and by a real Prometheus server in the tests. Metric names: docs/metrics.md.
@@ -21,7 +21,8 @@ _LE = [repr(b) for b in BUCKETS_CORES] + ["+Inf"]
 
 _HELP = [
     ("unthrottle_cpu_demand_cores", "histogram",
-     "CPU wanted per sampling window (usage + throttled time), in cores."),
+     "CPU wanted per sampling window (usage + the larger of throttled time and wait), "
+     "in cores."),
     ("unthrottle_cpu_demand_peak_cores", "gauge",
      "Largest window demand in the trailing peak window, in cores."),
     ("unthrottle_cpu_usage_seconds_total", "counter", "CPU time used."),
@@ -29,6 +30,9 @@ _HELP = [
     ("unthrottle_cpu_cfs_throttled_periods_total", "counter", "CFS periods that throttled."),
     ("unthrottle_cpu_cfs_throttled_seconds_total", "counter",
      "Time throttled, summed over CPUs (cpu.stat throttled_time)."),
+    ("unthrottle_cpu_wait_seconds_total", "counter",
+     "Time the container's threads waited for a CPU (schedstat run delay: throttled or "
+     "behind other processes)."),
     ("unthrottle_cpu_cfs_bursts_total", "counter", "Periods that used CFS burst."),
     ("unthrottle_cpu_cfs_burst_seconds_total", "counter", "CPU time used above the quota."),
     ("unthrottle_cpu_cfs_quota_seconds", "gauge", "CFS quota per period (absent: no limit)."),
@@ -77,6 +81,8 @@ def render(series: Iterable[Series], *, windows: int = 0, cgroups: int = 0) -> b
     family("unthrottle_cpu_cfs_periods_total", lambda s: s.latest.nr_periods)
     family("unthrottle_cpu_cfs_throttled_periods_total", lambda s: s.latest.nr_throttled)
     family("unthrottle_cpu_cfs_throttled_seconds_total", lambda s: s.latest.throttled_us / 1e6)
+    family("unthrottle_cpu_wait_seconds_total",
+           lambda s: s.wait_us / 1e6 if s.wait_measured else None)  # fmt: skip
     family("unthrottle_cpu_cfs_bursts_total", lambda s: s.latest.nr_bursts)
     family("unthrottle_cpu_cfs_burst_seconds_total", lambda s: s.latest.burst_us / 1e6)
     family(

@@ -1,9 +1,14 @@
 """Sample every container cgroup each window: demand per window, counters, peaks.
 
-Demand in a window = Δusage + Δthrottled time over the window's real length,
-in cores: what the container wanted, not what the quota let it have (DESIGN.md
-§2). Each window lands in a histogram with buckets dense around typical
-quotas, and in a trailing window for the peak.
+Demand in a window = Δusage + max(Δthrottled time, Δwait) over the window's real
+length, in cores: what the container wanted, not what the quota, nor the other
+processes on the node, let it have (DESIGN.md §2). The wait is the run delay of
+its threads (:mod:`unthrottle.cgroups.waits`): time runnable without a CPU,
+throttled or behind other processes. A throttled thread waits in its run queue,
+so the wait holds the throttled time already; and throttled time is summed per
+CPU, the wait per thread: the larger of the two is taken, never their sum
+(:func:`window_demand_us`). Each window lands in a histogram with buckets dense
+around typical quotas, and in a trailing window for the peak.
 
 The peak is the largest window of the last ``peak_window_s`` seconds (default
 60), not "since the last scrape": with more than one scraper (HA Prometheus
@@ -36,12 +41,45 @@ from unthrottle.agent.settings import AgentSettings
 from unthrottle.cfs.settings import Bandwidth
 from unthrottle.cgroups import CgroupError, CpuStat, Layout
 from unthrottle.cgroups.counters import CounterReader, UsageReader, Vanished, usage_read_size
+from unthrottle.cgroups.waits import Waited, WaitReader
 
 log = logging.getLogger("unthrottle.agent")
 
 BUCKETS_CORES = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.75, 0.9, 1.0, 1.25, 1.5,
                  1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 64.0)  # fmt: skip
 """Histogram upper bounds, cores: a step every 50m–250m where limits usually sit."""
+
+
+def window_demand_us(usage_us: int, throttled_us: int, wait_us: int) -> int:
+    """What a container wanted in a window, from the increases of its counters in it, µs:
+    its usage, plus the larger of its throttled time and its threads' wait.
+
+    Never their sum: a throttled thread waits in its run queue, so its run delay holds
+    the throttled time already (Linux 6.18: a thread at 0.5 CPU alone for 2 s used 1.00 s,
+    was throttled 1.00 s and waited 1.00 s). Throttled time is summed over the CPUs the
+    group was stalled on, the wait over its threads: either can be the larger.
+    """
+    return usage_us + max(throttled_us, wait_us)
+
+
+def backfill(earlier_us: int, threads: int, missed: int, window_us: int) -> tuple[list[float], int]:
+    """Wait that landed late, given back to the windows it happened in, oldest first, cores.
+
+    The kernel adds a thread's run delay when it gets a CPU, so a thread stalled through
+    whole windows (they read no usage: nothing below them was read) brings that wait to
+    the window in which it runs. It was waiting right before: each of the ``missed``
+    windows before this one, the nearest first, takes what ``threads`` threads (those whose
+    wait began before this window) can wait in one window, until ``earlier_us`` is given
+    back; what is left stays in this one. Returns those windows' demand and the µs given
+    back.
+    """
+    out: list[float] = []
+    left, capacity = earlier_us, threads * window_us
+    while left > 0 and len(out) < missed and capacity > 0:
+        take = min(left, capacity)
+        out.append(take / window_us)
+        left -= take
+    return out[::-1], earlier_us - left
 
 
 @dataclass
@@ -52,10 +90,23 @@ class Series:
     reader: CounterReader
     bandwidth: Bandwidth
     last_demand_us: int
-    """Usage + throttled time at the last window's end (cumulative)."""
+    """The demand of every window so far, summed (cumulative, µs): usage + throttled time,
+    plus the wait beyond the throttled time where the wait is measured."""
     last_ns: int
     latest: CpuStat
     """The full counters, refreshed when scraped."""
+    waits: WaitReader | None = None
+    """Its threads' run delay, while measured (``AgentSettings.measure_wait``)."""
+    wait_us: int = 0
+    """Run delay of its threads since the agent found it, µs (cumulative, as of the last
+    window in which it ran: a thread's wait is added when it gets a CPU)."""
+    wait_measured: bool = False
+    """The wait is measured (exported): it was when the series began."""
+    last_throttled_us: int = 0
+    """Throttled time at the last window's end (cumulative), µs."""
+    contention_us: int = 0
+    """The wait beyond the throttled time, window by window, summed (cumulative), µs:
+    what :attr:`last_demand_us` holds above usage + throttled time."""
     counts: list[int] = field(default_factory=lambda: [0] * (len(BUCKETS_CORES) + 1))
     total: int = 0
     sum_cores: float = 0.0
@@ -66,27 +117,38 @@ class Series:
     when it happens (that is what makes it cheap): it is zero demand, added in one go by
     :meth:`catch_up` when the series next moves or is scraped."""
 
-    def catch_up(self, windows: int, at_ns: int, keep: int) -> None:
+    def catch_up(
+        self, windows: int, at_ns: int, keep: int, late: list[float] | None = None
+    ) -> None:
         """Account the windows up to ``windows`` that this series has not: each a window of
         zero demand (it did not run). ``at_ns`` is when its counters were last known to
         hold what they held at its last accounted window: the time of its last quiet read
         if that was in window ``windows``, else the end of that window (a gate above it
         was quiet). Throttled time cannot grow without running first; if it ever does, it
-        is counted in the next window that reads cpu.stat, not lost."""
+        is counted in the next window that reads cpu.stat, not lost.
+
+        ``late``: the demand (cores) of the last of those windows, oldest first, where a
+        wait that landed later is given back to them (:func:`backfill`); the rest are 0.
+        """
         missed = windows - self.accounted
         if missed <= 0:
             return
-        self.counts[0] += missed
-        self.total += missed
+        late = (late or [])[-missed:]
+        zeros = missed - len(late)
+        self.counts[0] += zeros
+        self.total += zeros
         recent = self.recent
-        recent.extend([0.0] * min(missed, keep))
+        recent.extend([0.0] * min(zeros, keep))
         while len(recent) > keep:
             recent.popleft()
+        for demand in late:
+            self._record(demand, keep)
         self.accounted = windows
         self.last_ns = max(self.last_ns, at_ns)
 
     def observe(self, demand_us: int, now_ns: int, keep: int) -> None:
-        """Account one window ending now, given cumulative usage + throttled time."""
+        """Account one window ending now, given the cumulative demand (usage + throttled
+        time, plus the wait beyond it: see :attr:`last_demand_us`)."""
         self.accounted += 1
         elapsed_us = (now_ns - self.last_ns) / 1000
         if elapsed_us <= 0:
@@ -108,6 +170,12 @@ class Series:
     def peak(self) -> float:
         """The largest window demand in the trailing peak window, cores."""
         return max(self.recent, default=0.0)
+
+    def close(self) -> None:
+        """Close its counters' and its threads' files."""
+        self.reader.close()
+        if self.waits is not None:
+            self.waits.close()
 
 
 def _fd(gate: UsageReader | None) -> int:
@@ -188,13 +256,13 @@ class Sampler:
         with self.lock:
             if self._closed:  # shut down while this discovery ran: keep nothing open
                 for series in new.values():
-                    series.reader.close()
+                    series.close()
                 for gate in gates.values():
                     gate.close()
                 return
             for path in list(self.series):
                 if path not in found:
-                    self.series.pop(path).reader.close()
+                    self.series.pop(path).close()
             for series in new.values():
                 series.accounted = self.windows  # its histogram starts with the next window
             self.series.update(new)
@@ -230,7 +298,43 @@ class Sampler:
         except (Vanished, CgroupError, OSError):
             reader.close()
             return None
-        return Series(item, reader, bandwidth, demand, self.clock(), start)
+        series = Series(item, reader, bandwidth, demand, self.clock(), start,
+                        last_throttled_us=start.throttled_us)  # fmt: skip
+        if self.settings.measure_wait:
+            series.wait_measured = True
+            series.waits = self._waits(path)
+        return series
+
+    def _waits(self, path: str) -> WaitReader | None:
+        """A reader of a new series' threads' wait, its threads' delays read now (so the
+        first window counts from here); None, logged once, if they cannot be read."""
+        waits = WaitReader(self.layout, path, refresh_ns=round(self.settings.threads_s * 1e9))
+        try:
+            waits.read()
+        except OSError as err:
+            waits.close()
+            self._cannot_wait(path, err)
+            return None
+        return waits
+
+    def _read_wait(self, series: Series, span_ns: int) -> Waited | None:
+        """Its threads' wait now, and how much of it began before ``span_ns``; None, and
+        no wait read for it again, if they cannot be read (too many open files)."""
+        waits = series.waits
+        assert waits is not None
+        try:
+            return waits.read(span_ns)
+        except OSError as err:
+            waits.close()
+            series.waits = None
+            self._cannot_wait(series.found.path, err)
+            return None
+
+    def _cannot_wait(self, path: str, err: OSError) -> None:
+        if f"wait:{path}" not in self._warned:
+            self._warned.add(f"wait:{path}")
+            log.error("cannot read the threads' wait of %s: %s (its demand is usage + "
+                      "throttled time from now on)", path, err)  # fmt: skip
 
     def _replan(self) -> None:
         """A new pass over the current series and gates; call with the lock, and before
@@ -271,15 +375,55 @@ class Sampler:
             dropped = [s.found.path for i in gone if (s := self._pass.series[i]) is not None]
             if dropped:
                 for path in dropped:
-                    self.series.pop(path).reader.close()
+                    self.series.pop(path).close()
                 self._replan()
 
     def _moved(self, series: Series, data: bytes, read_ns: int) -> None:
         """Account the window of a series whose usage file read ``data``, other bytes than
-        last time (it ran): first the quiet windows it missed, then this one."""
-        if series.accounted < self.windows:
-            series.catch_up(self.windows, self._quiet_until(read_ns), self.keep)
-        series.observe(series.reader.demand_from(data), self.clock(), self.keep)
+        last time (it ran): first the quiet windows it missed, then this one.
+
+        With the wait measured, the window's demand is usage + max(throttled, wait)
+        (:func:`window_demand_us`); a wait that began before the window, in windows it
+        missed, is given back to them (:func:`backfill`)."""
+        demand = series.reader.demand_from(data)
+        missed = self.windows - series.accounted
+        late: list[float] = []
+        # A first read, or a cgroup whose usage moved and came back to the same bytes,
+        # did not run: its threads added no wait (the kernel adds it when they run).
+        if series.waits is not None and demand != series.last_demand_us - series.contention_us:
+            start_ns = series.last_ns
+            if missed > 0:
+                start_ns = max(start_ns, self._quiet_until(read_ns))
+            late = self._count_wait(series, data, demand, self.clock() - start_ns, missed)
+        if missed > 0:
+            series.catch_up(self.windows, self._quiet_until(read_ns), self.keep, late)
+        series.observe(demand + series.contention_us, self.clock(), self.keep)
+
+    def _count_wait(
+        self, series: Series, data: bytes, demand: int, span_ns: int, missed: int
+    ) -> list[float]:
+        """Read a series' wait and count in its demand the part beyond its throttled time;
+        returns the demand given back to the ``missed`` windows before (oldest first)."""
+        waited = self._read_wait(series, span_ns)
+        if waited is None:
+            return []
+        throttled = demand - series.reader.usage_from(data)
+        more_throttled = throttled - series.last_throttled_us
+        more_wait = waited.total_us - series.wait_us
+        series.wait_us, series.last_throttled_us = waited.total_us, throttled
+        late: list[float] = []
+        given = 0
+        if missed > 0 and waited.earlier_us > 0:
+            late, given = backfill(waited.earlier_us, waited.spilled, missed,
+                                   self.period_ns // 1000)  # fmt: skip
+        # A wait from before this window that no missed window took back would make this
+        # one want more than its threads can in it (one thread beside two busy ones read
+        # up to 139 ms per 100 ms window, and was sized 1410m against 1110m): the counter
+        # keeps it, the demand does not.
+        more_wait -= waited.earlier_us - given
+        series.contention_us += window_demand_us(0, more_throttled, more_wait) - more_throttled
+        series.last_demand_us += given  # accounted in those windows, not in this one
+        return late
 
     def _quiet_until(self, read_ns: int) -> int:
         """Until when a series that missed windows is known not to have run, given its
@@ -301,7 +445,7 @@ class Sampler:
                 continue
             out.append(series)
         for path in gone:
-            self.series.pop(path).reader.close()
+            self.series.pop(path).close()
         if gone:
             self._replan()
         return out
@@ -358,7 +502,7 @@ class Sampler:
         with self.lock:
             self._closed = True
             for series in self.series.values():
-                series.reader.close()
+                series.close()
             for gate in self._gates.values():
                 gate.close()
             self.series.clear()

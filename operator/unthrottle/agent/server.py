@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import resource
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -49,9 +51,22 @@ def make_server(
     return ThreadingHTTPServer((host, port), Handler)
 
 
+def raise_open_files_limit() -> int:
+    """Raise the soft limit of open files to the hard one, and return it: the wait keeps a
+    file open per thread of every container (docs/agent.md, "Wait"), and runtimes often
+    start containers with a soft limit of 1024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
 def serve(sampler: Sampler, server: ThreadingHTTPServer, stop: threading.Event) -> None:
     """Discover, sample and serve, each on its own thread, until ``stop`` is set; then stop
     them and close every file (a discovery stuck in an API call is not waited for)."""
+    if sampler.settings.measure_wait:
+        raise_open_files_limit()
     serving = threading.Thread(target=server.serve_forever, name="http", daemon=True)
     threads = sampler.start(stop)
     serving.start()

@@ -55,6 +55,18 @@ class AgentSettings:
     Between windows it sleeps, which costs about half the CPU of waiting on an event
     (59 against 120 µs per wake-up on a VM, docs/benchmarks.md §5), and checks for a
     stop after each sleep of at most this long."""
+    measure_wait: bool = True
+    """Read the run delay of the threads of each container that ran in a window, and count
+    the wait beyond its throttled time in its demand: on a busy node a thread also waits
+    behind other processes, and that wait is neither usage nor throttled time (Linux
+    schedstat; docs/agent.md "Wait"). It costs a ``pread`` per thread of the containers
+    that ran, and one open file per thread (docs/benchmarks.md §5)."""
+    threads_s: float = 5.0
+    """How often the thread list of a container that runs is re-read, s (when it next
+    runs after this long). A thread that began since the last list is counted whole, from
+    its start; one that lives shorter than this may be missed. Re-reading costs a read
+    of the cgroup's ``tasks`` file and a ``stat``, about 40 times a thread's ``pread``
+    in the agent's window (docs/benchmarks.md §5), so it is as rare as discovery."""
     stall_periods: int = 5
     """``/healthz`` fails when no window was taken for this many periods (the sampling
     thread is stuck or starved)."""
@@ -70,7 +82,7 @@ class AgentSettings:
                 f"{_s(self.peak_window_s)} is shorter than the sampling period "
                 f"({_s(self.period_ns / 1e9)}): the peak must cover at least one window",
             )
-        for name in ("refresh_s", "settings_s", "api_timeout_s", "stop_within_s"):
+        for name in ("refresh_s", "settings_s", "api_timeout_s", "stop_within_s", "threads_s"):
             value = getattr(self, name)
             if not value > 0 or value == float("inf"):
                 raise InvalidAgentSettings(name, f"{value!r} is not a positive duration")

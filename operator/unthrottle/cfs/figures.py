@@ -52,6 +52,14 @@ class CpuStatDelta:
     nr_bursts: int = 0
     burst_us: int = 0
     usage_us: int = 0
+    wait_us: int = 0
+    """Time the threads waited for a CPU, summed over threads (schedstat run delay; the
+    model's: throttled or behind other threads). It holds the throttled waits too."""
+
+    @property
+    def contention_us(self) -> int:
+        """Waiting that was not the quota's: behind other threads on a busy machine."""
+        return max(0, self.wait_us - self.throttled_us)
 
     @property
     def throttle_ratio(self) -> float:
@@ -89,5 +97,6 @@ class RunFigures:
             "burst_ms": round(self.stat.burst_us / 1000, 3),
             "throttle_ratio": round(self.stat.throttle_ratio, 4),
             "usage_ms": round(self.stat.usage_us / 1000, 3),
+            "wait_ms": round(self.stat.wait_us / 1000, 3),
             **self.extra,
         }

@@ -26,9 +26,16 @@ kernel, see docs/model.md):
   boundaries and the ticks, and how late a sleeping worker runs after its task
   is due (``Machine``).
 - **More workers than cores** share the cores evenly (processor sharing).
+- **Other load** (``Machine.other_threads``): busy threads of other processes,
+  always runnable, pinned to the cores in turn (as the lab pins them); the
+  workers run on the least busy cores, and a core shared by k running workers
+  and h such threads gives each worker 1 / (k + h) of it. The workers' **wait**
+  (``CpuStatDelta.wait_us``) is the time a worker wanted a CPU and had none:
+  throttled, or its share short of a core, as the kernel's schedstat run delay
+  counts it (``cgroups.waits``).
 
 Not modelled: the per-CPU 5 ms runtime slices (they split the quota between
-CPUs, they do not change it), other load on the machine, SMT. The run starts
+CPUs, they do not change it), SMT. The run starts
 after an idle spell, with a full bucket.
 """
 
@@ -72,6 +79,8 @@ class Machine:
     """Time from the last tick to the workload's start, in [0, 1/HZ)."""
     wakeup_us: int = 0
     """Delay from a sleeping worker's due time to its running (timer slack, wake-up)."""
+    other_threads: int = 0
+    """Busy threads of other processes, pinned to the cores in turn (contention)."""
     accounting: Accounting = Accounting.IMMEDIATE
     """When a spent runtime stops the threads (see :class:`Accounting`)."""
     slice_us: int = 5000
@@ -87,6 +96,8 @@ class Machine:
             raise ValueError(f"hz: {self.hz} is not a kernel tick rate")
         if self.period_phase_us < 0 or self.tick_phase_us < 0:
             raise ValueError("phase: cannot be negative")
+        if self.other_threads < 0:
+            raise ValueError("other_threads: cannot be negative")
 
     @property
     def tick_us(self) -> float:
@@ -133,6 +144,7 @@ class _Stats:
     nr_bursts: int = 0
     burst_us: float = 0.0
     usage_us: float = 0.0
+    wait_us: float = 0.0
     latencies_us: list[float] = field(default_factory=list)
 
 
@@ -262,6 +274,10 @@ def simulate_tasks(
     used_since_boundary = 0.0
 
     cpus = [_Cpu() for _ in range(min(machine.cores, workload.workers))]
+    # Other busy threads, pinned to the CPUs in turn; the workers run on the least busy.
+    per_core = [machine.other_threads // machine.cores + (i < machine.other_threads % machine.cores)
+                for i in range(machine.cores)]  # fmt: skip
+    others = sorted(per_core)[: len(cpus)]
     workers = [_Worker(cpu=i % len(cpus)) for i in range(workload.workers)]
     stats = _Stats()
     dispatch = _Dispatcher(workload, workers, machine.wakeup_us)
@@ -311,12 +327,17 @@ def simulate_tasks(
         sharing = [0] * len(cpus)  # each CPU is shared evenly by its running workers
         for worker in running:
             sharing[worker.cpu] += 1
-        cpu_rate = [1.0 if k else 0.0 for k in sharing]
+        # A CPU shared by k running workers and h busy threads of other processes gives
+        # each worker 1 / (k + h) of it.
+        speed = {id(w): 1.0 / (sharing[w.cpu] + others[w.cpu]) for w in running}
+        cpu_rate = [0.0] * len(cpus)
+        for worker in running:
+            cpu_rate[worker.cpu] += speed[id(worker)]
 
         candidates = [dispatch.next_event()]
         candidates += [w.ready_at for w in workers if w.busy and w.ready_at > t + _EPS]
         if n:
-            candidates.append(t + min(w.remaining * sharing[w.cpu] for w in running))
+            candidates.append(t + min(w.remaining / speed[id(w)] for w in running))
         if limited and (timer_active or any(c.throttled for c in cpus)):
             candidates.append(clock.next_boundary)
         if limited and n:
@@ -334,9 +355,12 @@ def simulate_tasks(
             raise RuntimeError("simulation stalled with work left")
         dt = max(0.0, nxt - t)
 
-        # Advance.
+        # Advance. A worker that wants a CPU waits for the part of dt it does not run.
+        for worker in workers:
+            if worker.placed and wanting(worker, t):
+                stats.wait_us += (1.0 - speed.get(id(worker), 0.0)) * dt
         for worker in running:
-            worker.remaining -= dt / sharing[worker.cpu]
+            worker.remaining -= dt * speed[id(worker)]
         if limited:
             for cpu, r in zip(cpus, cpu_rate, strict=True):
                 cpu.local -= r * dt
@@ -403,6 +427,7 @@ def simulate_tasks(
         nr_bursts=stats.nr_bursts,
         burst_us=round(stats.burst_us),
         usage_us=round(stats.usage_us),
+        wait_us=round(stats.wait_us),
     )
     return RunFigures(
         limit=limit if limit is not None else {},

@@ -138,6 +138,12 @@ class CounterReader:
         usage = int(parts[self._at[0]])
         return usage + int(parts[self._at[3]]) if self.throttling else usage
 
+    def usage_from(self, data: bytes) -> int:
+        """Usage so far, µs, from the bytes just read from ``usage_fd`` (no read)."""
+        if not self.v2:
+            return int(data) // 1000
+        return int(data.split()[self._at[0]])
+
     def usage_and_demand(self) -> tuple[int, int]:
         """Usage and usage + throttled time so far, µs, from one read (cgroup v2)."""
         parts = self._pread(self._stat).split()

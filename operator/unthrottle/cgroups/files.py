@@ -35,6 +35,9 @@ class CpuStat:
     throttled_us: int
     nr_bursts: int
     burst_us: int
+    wait_us: int = 0
+    """The cgroup's threads' summed run delay (``cgroups.waits``) when it was read with
+    them; 0 when it was not."""
 
     def __sub__(self, before: CpuStat) -> CpuStat:
         return CpuStat(
@@ -44,6 +47,7 @@ class CpuStat:
             throttled_us=self.throttled_us - before.throttled_us,
             nr_bursts=self.nr_bursts - before.nr_bursts,
             burst_us=self.burst_us - before.burst_us,
+            wait_us=self.wait_us - before.wait_us,
         )
 
 

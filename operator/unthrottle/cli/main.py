@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -261,8 +262,13 @@ def simulate(
     rows = []
     for scenario in scenarios:
         workload = scenario.workload.to_workload()
-        runs = [
-            simulate_tasks(workload, run.bandwidth(), machine, limit=run.as_given())
+        runs = [  # a run's other busy threads share the cores, as in `lab run`
+            simulate_tasks(
+                workload,
+                run.bandwidth(),
+                dataclasses.replace(machine, other_threads=run.other_threads),
+                limit=run.as_given(),
+            )
             for run in scenario.runs
         ]
         rows.append((scenario, runs))

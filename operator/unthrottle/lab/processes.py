@@ -86,12 +86,8 @@ class Workers:
 
     def close(self) -> None:
         """Kill every worker by PID and reap it; safe to call twice."""
+        kill_and_reap(self.procs)
         for proc in self.procs:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(proc.pid, signal.SIGKILL)
-        for proc in self.procs:
-            proc.wait()
             for stream in (proc.stdin, proc.stdout):
                 if stream is not None:
                     stream.close()
@@ -99,6 +95,64 @@ class Workers:
 
     def __enter__(self) -> Workers:
         return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def kill_and_reap(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGKILL every process still running, by PID, then wait for each."""
+    for proc in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+    for proc in procs:
+        proc.wait()
+
+
+class OtherThreads:
+    """Busy processes beside a run, outside its cgroup: the other load a run asks for.
+
+    Each spins in pure Python (no syscalls) until killed, as a CPU-bound neighbour on a
+    node does, pinned to one CPU in turn (the first to CPU 0, the next to CPU 1, …): left
+    free, the scheduler put two of them on one CPU and the run's thread alone on the
+    other for a whole run, and nothing was contended. They start before the run and are
+    killed by PID and reaped after it. They
+    are this process's children, so ``isolate`` keeps them at their priority: it keeps
+    out the machine's load, not the load the scenario asked for.
+    """
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def __enter__(self) -> OtherThreads:
+        try:
+            spin = [sys.executable, "-I", "-S", "-c", "while True: pass"]
+            cpus = sorted(os.sched_getaffinity(0))
+            for index in range(self.count):
+                proc = subprocess.Popen(spin, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+                self.procs.append(proc)
+                os.sched_setaffinity(proc.pid, {cpus[index % len(cpus)]})
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    @property
+    def pids(self) -> list[int]:
+        """The busy processes' PIDs."""
+        return [proc.pid for proc in self.procs]
+
+    def close(self) -> None:
+        """Kill every busy process by PID and reap it; safe to call twice."""
+        kill_and_reap(self.procs)
+        self.procs = []
 
     def __exit__(
         self,

@@ -41,9 +41,10 @@ from unthrottle.cfs.figures import CpuStatDelta, Latency, RunFigures
 from unthrottle.cfs.settings import Bandwidth
 from unthrottle.cfs.workload import Kind, Workload
 from unthrottle.cgroups import Cgroup, CpuStat, Layout
+from unthrottle.cgroups.waits import WaitReader
 from unthrottle.lab.isolation import Isolation
 from unthrottle.lab.kernel import kernel_hz
-from unthrottle.lab.processes import LabError, Workers
+from unthrottle.lab.processes import LabError, OtherThreads, Workers
 from unthrottle.lab.sampling import PeriodSampler, PeriodSamples
 from unthrottle.model.scenario import RunSpec, Scenario
 
@@ -181,7 +182,7 @@ def _measure(
     bandwidth = run.bandwidth()
     ours = not options.existing_cgroup
     isolation = Isolation(layout) if options.isolate else contextlib.nullcontext()
-    with isolation, Workers(workload.workers) as workers:
+    with isolation, Workers(workload.workers) as workers, contextlib.ExitStack() as stack:
         if ours:
             cgroup.create()
         try:
@@ -190,13 +191,18 @@ def _measure(
             for pid in workers.pids:
                 cgroup.add_process(pid)
             grid_ns = _calibrate(workers, bandwidth, cgroup) if bandwidth.limited else None
+            waits = stack.enter_context(contextlib.closing(WaitReader(layout, cgroup.path)))
+            waits.wait_us()  # every worker's thread, counted from here
+            # The run's other load (contention), started now: its start-up is done and its
+            # threads are busy before the workload starts.
+            stack.enter_context(OtherThreads(run.other_threads))
             t0 = _start_time(bandwidth, grid_ns, options.phase_us)
             sleep_until(t0 - LEAD_NS // 3)
             sampler = PeriodSampler(cgroup, t0, bandwidth.period_us * 1000) if sample else None
             if sampler is not None:
                 sampler.start()
             unwatch = watch(cgroup, t0, bandwidth.period_us * 1000) if watch else None
-            before = cgroup.read_stat()
+            before = dataclasses.replace(cgroup.read_stat(), wait_us=waits.wait_us())
             wakeups: list[int] = []
             try:
                 latencies_ns, end = _DRIVERS[workload.kind](workers, workload, t0, wakeups)
@@ -205,13 +211,14 @@ def _measure(
                     sampler.stop()
                 if unwatch is not None:
                     unwatch()
-            after = cgroup.read_stat()
+            after = dataclasses.replace(cgroup.read_stat(), wait_us=waits.wait_us())
             read_at = time.monotonic_ns()
             if not ours and (now := cgroup.read_bandwidth()) != bandwidth:
                 raise LabError(f"{cgroup.path}: its settings changed during the run "
                                f"({_text(bandwidth)}, then {_text(now)}): the figures are of "
                                "neither")  # fmt: skip
         finally:
+            stack.close()  # the other load ends with the workload; the threads' files close
             workers.close()
             if ours:
                 cgroup.remove()
@@ -229,6 +236,7 @@ def _measure(
             nr_bursts=delta.nr_bursts,
             burst_us=delta.burst_us,
             usage_us=delta.usage_us,
+            wait_us=delta.wait_us,
         ),
         extra={
             "period_phase_ms": (

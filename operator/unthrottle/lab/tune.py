@@ -22,7 +22,14 @@ from unthrottle.cgroups import Layout
 from unthrottle.lab.runner import LabOptions, run_run, run_sampled
 from unthrottle.lab.sampling import PeriodSamples
 from unthrottle.model.scenario import RunSpec, Scenario
-from unthrottle.recommend import Current, PeriodEvidence, Policy, Recommendation, recommend
+from unthrottle.recommend import (
+    Current,
+    PeriodEvidence,
+    Policy,
+    Recommendation,
+    Waits,
+    recommend,
+)
 from unthrottle.recommend.baselines import baselines
 
 
@@ -92,12 +99,23 @@ class TuneResult:
         }
 
 
-def spec_for(limit_millicores: int, burst_us: int, period_us: int) -> RunSpec:
-    """A lab run with these settings."""
-    return RunSpec(
-        cpus=limit_millicores / 1000,
-        period_ms=period_us / 1000,
-        burst_ms=burst_us / 1000,
+def spec_for(
+    limit_millicores: int, burst_us: int, period_us: int, other_threads: int = 0
+) -> RunSpec:
+    """A lab run with these settings, beside the same other load as today's run."""
+    spec = RunSpec(cpus=limit_millicores / 1000, period_ms=period_us / 1000,
+                   burst_ms=burst_us / 1000)  # fmt: skip
+    # set only when asked for, so that a quiet run's settings read as before
+    return spec.model_copy(update={"other_threads": other_threads}) if other_threads else spec
+
+
+def evidence_of(samples: PeriodSamples, ratio: float) -> PeriodEvidence:
+    """The engine's evidence from a run's period samples: the demand with the wait in it,
+    and where the threads waited (on the quota, or behind other processes)."""
+    waits = Waits(float(samples.throttled_us.sum()) / 1e6,
+                  float(samples.contention_us.sum()) / 1e6)  # fmt: skip
+    return PeriodEvidence(
+        samples.demand_us, samples.period_us, observed_throttle_ratio=ratio, waits=waits
     )
 
 
@@ -128,35 +146,30 @@ def tune(
     say(f"measuring today's settings ({first.label()}), sampling every period")
     before, samples = run_sampled(workload, first, layout, options)
     current = current_of(first)
-    evidence = PeriodEvidence(
-        samples.demand_us, samples.period_us, observed_throttle_ratio=before.stat.throttle_ratio
-    )
+    evidence = evidence_of(samples, before.stat.throttle_ratio)
+    others = first.other_threads
     rec = recommend(evidence, current, policy)
     if rec.limit_millicores is None:
         raise ValueError("the recommendation keeps no limit; there is nothing to re-run")
     say(f"re-running under the recommendation ({rec.limit_millicores}m, burst {rec.burst_us} µs)")
-    spec = spec_for(rec.limit_millicores, rec.burst_us, current.period_us)
+    spec = spec_for(rec.limit_millicores, rec.burst_us, current.period_us, others)
     after, after_samples = run_sampled(workload, spec, layout, options)
     refined = None
     censored = before.stat.throttle_ratio > policy.target_ratio
     if censored and after.stat.throttle_ratio <= policy.target_ratio:
-        evidence = PeriodEvidence(
-            after_samples.demand_us,
-            after_samples.period_us,
-            observed_throttle_ratio=after.stat.throttle_ratio,
-        )
+        evidence = evidence_of(after_samples, after.stat.throttle_ratio)
         now = Current(rec.limit_millicores, period_us=current.period_us, burst_us=rec.burst_us)
         second = recommend(evidence, now, policy)
         changed = (second.limit_millicores, second.burst_us) != (rec.limit_millicores, rec.burst_us)
         if second.limit_millicores is not None and changed:
             say(f"refining from unthrottled evidence ({second.limit_millicores}m)")
-            spec = spec_for(second.limit_millicores, second.burst_us, current.period_us)
+            spec = spec_for(second.limit_millicores, second.burst_us, current.period_us, others)
             refined = Refinement(second, run_run(workload, spec, layout, options))
     tried = []
     if with_baselines:
         for base in baselines(samples.usage_us, samples.period_us):
             say(f"re-running under the {base.name} baseline ({base.limit_millicores}m)")
-            spec = spec_for(base.limit_millicores, 0, current.period_us)
+            spec = spec_for(base.limit_millicores, 0, current.period_us, others)
             figures = run_run(workload, spec, layout, options)
             tried.append(Tried(base.name, base.limit_millicores, 0, figures, base.how))
     return TuneResult(

@@ -64,12 +64,16 @@ MIN_SLOT_S = 60
 MIN_READ_S = 60
 """:meth:`WindowAggregates.next_read` asks for nothing shorter (the same reason)."""
 
-_COUNTERS = ("usage_s", "periods", "throttled_periods", "throttled_s")
+_COUNTERS = ("usage_s", "periods", "throttled_periods", "throttled_s", "wait_s")
+"""The counter columns. ``wait_s`` (the agent's wait counter) reads as None for a container
+the agent does not report (no CFS period gauge): cAdvisor has no such counter."""
 _C = len(_COUNTERS)  # columns before the histogram's
 _PER_CONTAINER = ("_seen", "_pods", "_limits", "_requests", "_periods", "_changed")
 """The lists with one entry per container (row)."""
 _MAGIC = b"UNTHRAGG"
-_FORMAT = 1
+_FORMAT = 2
+"""2: the wait column (issue 21). A format-1 checkpoint is refused as any unusable one is:
+the operator reads the whole window once, then checkpoints in format 2."""
 _HEAD = struct.Struct(">8sHI")  # magic, format, CRC-32 of the compressed body
 
 Matrix = npt.NDArray[np.float32]
@@ -244,6 +248,7 @@ class WindowAggregates:
                 periods=values[1],
                 throttled_periods=values[2],
                 throttled_s=values[3],
+                wait_s=values[4] if self._periods[row] else None,
                 buckets=buckets,
                 limit_millicores=self._limits[row],
                 request_millicores=self._requests[row],
@@ -329,7 +334,8 @@ class WindowAggregates:
         table, present = [], []
         nothing = [False] * len(bounds)
         for item in items:
-            row = [item.usage_s, item.periods, item.throttled_periods, item.throttled_s]
+            row = [item.usage_s, item.periods, item.throttled_periods, item.throttled_s,
+                   item.wait_s or 0.0]  # fmt: skip
             buckets = item.buckets
             if buckets:
                 running = 0.0  # a bound this item lacks repeats the one below: no increase

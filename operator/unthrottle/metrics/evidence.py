@@ -1,12 +1,13 @@
 """Evidence per Deployment container, from Prometheus, in a fixed number of queries.
 
-For a selection of namespaces, nine queries in all, whatever the number of
-pods (seven when the caller has the owners from the Kubernetes API and leaves out
+For a selection of namespaces, ten queries in all, whatever the number of
+pods (eight when the caller has the owners from the Kubernetes API and leaves out
 the first two; ``recommend`` adds one for the recording rules' coverage):
 - pod → ReplicaSet and ReplicaSet → Deployment (kube-state-metrics'
   ``kube_pod_owner``, ``kube_replicaset_owner``);
 - the four CPU counters, increased over the window: cAdvisor's, or the agent's
-  copies where cAdvisor has none;
+  copies where cAdvisor has none; and the agent's wait
+  (``unthrottle_cpu_wait_seconds_total``), which cAdvisor does not have;
 - the agent's demand histogram (``unthrottle_cpu_demand_cores_bucket``);
 - today's CPU limits and requests (``kube_pod_container_resource_*``); the limits
   query also brings the agent's CFS period gauge (``… or
@@ -49,7 +50,7 @@ from unthrottle.metrics.promql import _counters as counters_over
 from unthrottle.metrics.source import MetricsError, MetricsSource
 from unthrottle.model.owners import Owners
 from unthrottle.recommend.histogram import evidence_from_histogram, highest, quantile
-from unthrottle.recommend.types import CounterEvidence, PeriodEvidence
+from unthrottle.recommend.types import CounterEvidence, PeriodEvidence, Waits
 
 _log = logging.getLogger(__name__)
 
@@ -73,6 +74,8 @@ class ContainerEvidence:
     periods: float = 0.0
     throttled_periods: float = 0.0
     throttled_s: float = 0.0
+    wait_s: float | None = None
+    """Time its threads waited for a CPU (the agent's counter); None without the agent."""
     buckets: dict[float, float] = field(default_factory=dict)
     """Agent histogram: upper bound (cores) → cumulative windows, summed over pods."""
     limit_millicores: int | None = None
@@ -107,7 +110,15 @@ class ContainerEvidence:
             nr_periods=round(self.periods),
             nr_throttled=round(self.throttled_periods),
             throttled_s=self.throttled_s,
+            waits=self.waits(),
         )
+
+    def waits(self) -> Waits | None:
+        """Where its threads waited for a CPU, from the agent's counter (None without it).
+        The wait holds the throttled waits: the rest was behind other processes."""
+        if self.wait_s is None:
+            return None
+        return Waits(self.throttled_s, max(0.0, self.wait_s - self.throttled_s))
 
     def demand_millicores(self) -> dict[str, int] | None:
         """Per-window demand from the agent's histogram: median, p99 and the largest window
@@ -125,7 +136,7 @@ class ContainerEvidence:
     def period_evidence(self, period_us: int = DEFAULT_PERIOD_US) -> PeriodEvidence:
         """Period-level evidence rebuilt from the agent's histogram."""
         evidence = evidence_from_histogram(*self._histogram(), period_us=period_us)
-        return replace(evidence, observed_throttle_ratio=self.throttle_ratio())
+        return replace(evidence, observed_throttle_ratio=self.throttle_ratio(), waits=self.waits())
 
     def _histogram(self) -> tuple[list[float], list[float]]:
         """Bucket bounds in order, and their cumulative counts."""
@@ -142,8 +153,8 @@ class Slot(NamedTuple):
     evidence: dict[WorkloadKey, ContainerEvidence]
 
 
-QUERIES_WITH_OWNERS = 9
-"""Queries :func:`fetch` sends when it must ask kube-state-metrics for owners (7 otherwise)."""
+QUERIES_WITH_OWNERS = 10
+"""Queries :func:`fetch` sends when it must ask kube-state-metrics for owners (8 otherwise)."""
 CONCURRENCY = 3
 """Queries in flight at once: Prometheus evaluates them in parallel while this process
 decodes the last answer. Prometheus's own default limit is 20 (``--query.max-concurrency``)."""
@@ -154,6 +165,7 @@ _COUNTER_FIELDS = {  # query name → ContainerEvidence field
     "periods": "periods",
     "throttled_periods": "throttled_periods",
     "throttled_seconds": "throttled_s",
+    "wait_seconds": "wait_s",
 }
 
 
@@ -445,7 +457,7 @@ def gather(
             items = evidence(labels, at)
             for item, value in zip(items or (), values, strict=False):
                 if math.isfinite(value):
-                    setattr(item, attr, getattr(item, attr) + value)
+                    setattr(item, attr, (getattr(item, attr) or 0.0) + value)
 
     bounds: dict[str | None, float | None] = {}
     for labels, at, values in answer("histogram"):

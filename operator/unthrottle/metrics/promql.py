@@ -64,6 +64,9 @@ AGENT_COUNTERS = {
     "container_cpu_cfs_throttled_seconds_total": "unthrottle_cpu_cfs_throttled_seconds_total",
 }
 """cAdvisor's counters and the agent's copies of the same ``cpu.stat`` fields."""
+WAIT_COUNTER = "unthrottle_cpu_wait_seconds_total"
+"""The agent's count of the time a container's threads waited for a CPU (throttled, or
+behind other processes); cAdvisor has none."""
 PERIOD_GAUGE = "unthrottle_cpu_cfs_period_seconds"
 """The agent's gauge of each container's CFS period (the node's kubelet
 ``--cpu-cfs-quota-period``); cAdvisor exports none."""
@@ -107,10 +110,12 @@ def _counters(matchers: tuple[str, ...], window: str) -> dict[str, str]:
         return f"sum by ({BY_CONTAINER}) (increase({selector(metric, *matchers)}[{window}]))"
 
     names = ("usage_seconds", "periods", "throttled_periods", "throttled_seconds")
-    return {
+    found = {
         name: f"{increase(cadvisor)} or {increase(agent)}"
         for name, (cadvisor, agent) in zip(names, AGENT_COUNTERS.items(), strict=True)
     }
+    found["wait_seconds"] = increase(WAIT_COUNTER)  # the agent's alone
+    return found
 
 
 _DURATION = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
@@ -130,6 +135,7 @@ RECORDED = {
     "periods": "namespace_pod_container:cpu_cfs_periods:increase5m",
     "throttled_periods": "namespace_pod_container:cpu_cfs_throttled_periods:increase5m",
     "throttled_seconds": "namespace_pod_container:cpu_cfs_throttled_seconds:increase5m",
+    "wait_seconds": "namespace_pod_container:unthrottle_cpu_wait_seconds:increase5m",
     "histogram": "namespace_pod_container:unthrottle_cpu_demand_cores_bucket:increase5m",
 }
 """Series unthrottle's recording rules write: each sample is the increase over the 5 minutes

@@ -61,6 +61,8 @@ def _combine(a: ContainerEvidence, b: ContainerEvidence, sign: float) -> Contain
     out = ContainerEvidence(a.key, pods=set(a.pods) | (b.pods if sign > 0 else set()))
     for name in ("usage_s", "periods", "throttled_periods", "throttled_s"):
         setattr(out, name, max(0.0, getattr(a, name) + sign * getattr(b, name)))
+    if a.wait_s is not None or b.wait_s is not None:  # the agent's counter, where it reports
+        out.wait_s = max(0.0, (a.wait_s or 0.0) + sign * (b.wait_s or 0.0))
     bounds = set(a.buckets) | set(b.buckets)
     out.buckets = {k: max(0.0, a.buckets.get(k, 0.0) + sign * b.buckets.get(k, 0.0))
                    for k in bounds}  # fmt: skip

@@ -128,6 +128,15 @@ class RunSpec(BaseModel):
         100, ge=MIN_PERIOD_US / 1000, le=MAX_PERIOD_US / 1000, description="CFS period, ms."
     )
     burst_ms: Number = Field(0, ge=0, description="CFS burst, ms; at most the quota.")
+    other_threads: int = Field(
+        0,
+        ge=0,
+        le=256,
+        strict=True,
+        description="Busy threads of other processes on the machine during the run, outside "
+        "the measured cgroup (contention): the lab starts them, the model shares the cores "
+        "with them.",
+    )
     ratio_tolerance: Number | None = Field(
         None,
         gt=0,
@@ -167,13 +176,13 @@ class RunSpec(BaseModel):
 
     def label(self) -> str:
         """A short human label: ``no limit``, ``0.5 CPU, 10 ms period``."""
-        if self.cpus is None:
-            return "no limit"
-        parts = [f"{self.cpus:g} CPU"]
-        if self.period_ms != 100:
+        parts = [f"{self.cpus:g} CPU" if self.cpus is not None else "no limit"]
+        if self.cpus is not None and self.period_ms != 100:
             parts.append(f"{self.period_ms:g} ms period")
         if self.burst_ms:
             parts.append(f"{self.burst_ms:g} ms burst")
+        if self.other_threads:
+            parts.append(f"{self.other_threads} other busy thread{'s' * (self.other_threads > 1)}")
         return ", ".join(parts)
 
 

@@ -14,6 +14,7 @@ from unthrottle.recommend.types import (
     Recommendation,
     Runtime,
     Strategy,
+    Waits,
 )
 
 __all__ = [
@@ -26,5 +27,6 @@ __all__ = [
     "Recommendation",
     "Runtime",
     "Strategy",
+    "Waits",
     "recommend",
 ]

@@ -155,8 +155,9 @@ def recommend(evidence: Evidence, current: Current, policy: Policy) -> Recommend
     else:
         draft = counter_step(evidence, current, policy)  # headroom is inside the step
     uncapped = rounded(draft).limit  # what the evidence asks for, before bounds and steps
-    draft = _finished(draft, policy, current)
     ratio = _current_ratio(evidence, current)
+    draft = _waited(draft, evidence, current, policy, ratio)
+    draft = _finished(draft, policy, current)
     lower = _lower_limit(evidence, current, policy, ratio)
     if lower is not None and draft.limit is not None and lower < draft.limit:
         assert current.limit_millicores is not None and ratio is not None  # _lower_limit's
@@ -168,7 +169,8 @@ def recommend(evidence: Evidence, current: Current, policy: Policy) -> Recommend
     if expected is not None and expected > policy.target_ratio:
         draft = draft.but(
             reason=f"the target {policy.target_ratio:g} is not met under this recommendation "
-            f"(expected {expected:.3f}): a bound or step above held it back"
+            f"(expected {expected:.3f}): a bound, a step or an oversubscribed node above held "
+            "it back"
         )
     return Recommendation(
         limit_millicores=draft.limit,
@@ -183,6 +185,51 @@ def recommend(evidence: Evidence, current: Current, policy: Policy) -> Recommend
         uncapped_limit_millicores=uncapped,
         lower_limit_millicores=lower,
     )
+
+
+HIDDEN_BY_CONTENTION = (
+    "contention can hide demand: cAdvisor's counters do not show the time threads waited for "
+    "a CPU behind other processes, so on a busy node this may be low (the unthrottle agent "
+    "measures it)"
+)
+
+
+def _waited(
+    draft: Draft, evidence: Evidence, current: Current, policy: Policy, ratio: float | None
+) -> Draft:
+    """What the waiting for a CPU says (docs/recommend.md, "Busy nodes").
+
+    The demand counts the time threads waited behind other processes: contention hides
+    demand (usage at the quota, never throttled), and a limit sized without it throttles
+    whenever the thread does get a core. But where the container waited mostly behind
+    other processes and its quota kept it under the target, the limit is not what slows
+    it: a higher one would not give it the CPU. The node is oversubscribed; the limit is
+    not raised for that wait, and the reason says so.
+    """
+    waits = evidence.waits
+    if waits is None:
+        if isinstance(evidence, CounterEvidence):
+            return draft.but(reason=HIDDEN_BY_CONTENTION)
+        return draft
+    if waits.contention_s <= 0:
+        return draft
+    waited = (f"{waits.contention_s:.1f} s waiting for a CPU behind other processes, "
+              f"{waits.throttled_s:.1f} s on its quota")  # fmt: skip
+    today = current.limit_millicores
+    quota_fine = ratio is not None and ratio <= policy.target_ratio
+    if not (waits.mostly_contention and quota_fine):
+        return draft.but(reason=f"the demand counts the time its threads waited ({waited}): "
+                         "contention hid it")  # fmt: skip
+    asked = rounded(draft).limit
+    if today is not None and asked is not None and asked > today:
+        return draft.but(
+            limit=today,
+            reason=f"the node is oversubscribed ({waited}; throttled in {ratio:.0%} of periods, "
+            f"under the target): a higher limit would not give it the CPU, so the limit is not "
+            f"raised for that wait ({asked}m with it)",
+        )
+    return draft.but(reason=f"the node is oversubscribed ({waited}): a higher limit would not "
+                     "give it the CPU")  # fmt: skip
 
 
 def _empty(evidence: Evidence) -> bool:

@@ -102,6 +102,25 @@ class Current:
 
 
 @dataclass(frozen=True, slots=True)
+class Waits:
+    """Where the container's threads waited for a CPU over the window, seconds of thread time.
+
+    Measured as the threads' schedstat run delay (the node agent's
+    ``unthrottle_cpu_wait_seconds_total``, the lab's ``wait_us``), which holds both:
+    ``throttled_s`` is the part the quota withheld, ``contention_s`` the rest, behind
+    other processes on a busy node. The demand already counts both.
+    """
+
+    throttled_s: float
+    contention_s: float
+
+    @property
+    def mostly_contention(self) -> bool:
+        """More of the waiting was behind other processes than on the quota."""
+        return self.contention_s > self.throttled_s
+
+
+@dataclass(frozen=True, slots=True)
 class PeriodEvidence:
     """Per-period demand, in order: CPU µs wanted in each period (usage + throttled time).
 
@@ -116,6 +135,8 @@ class PeriodEvidence:
     stands_for: int | None = None
     """How many observed periods a scaled-down rebuild stands for (a histogram's week
     rebuilt as 50,000 windows); None when ``demand_us`` is every period observed."""
+    waits: Waits | None = None
+    """Where the threads waited, when it was measured (the demand then includes it)."""
 
     @property
     def periods(self) -> int:
@@ -144,6 +165,9 @@ class CounterEvidence:
     nr_periods: int
     nr_throttled: int
     throttled_s: float = 0.0
+    waits: Waits | None = None
+    """Where the threads waited, from the node agent; None from cAdvisor alone, whose
+    counters do not show the time a thread waited behind other processes."""
 
     @property
     def throttle_ratio(self) -> float:

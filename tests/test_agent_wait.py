@@ -1,0 +1,165 @@
+"""The threads' wait in the agent's demand: usage + the larger of throttled time and wait,
+never both; a wait that lands late goes back to the windows it happened in; the counter is
+exported beside usage and throttled time.
+
+The rule and the bookkeeping are checked on plain numbers; the sampler on the real kernel
+(root), where the wait is what schedstat says. The agent's HTTP view, beside a hog:
+tests/test_agent_kernel.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from helpers import CgroupTree
+from unthrottle.agent.discovery import Found
+from unthrottle.agent.exposition import render
+from unthrottle.agent.sampling import BUCKETS_CORES, Sampler, Series, backfill, window_demand_us
+from unthrottle.agent.settings import AgentSettings, InvalidAgentSettings
+from unthrottle.cfs import Bandwidth
+from unthrottle.cgroups import CpuStat, Layout, Version
+from unthrottle.cgroups.counters import CounterReader
+from unthrottle.devtools.processes import stop
+from unthrottle.lab.isolation import Isolation
+
+DEMAND = {
+    # usage, throttled, wait (µs, one window) → demand
+    "a quiet node: the wait is the throttled time": ((30_000, 70_000, 70_000), 100_000),
+    "beside a hog, no limit: never throttled, waiting": ((50_000, 0, 50_000), 100_000),
+    "two threads stalled on one CPU's run queue": ((30_000, 70_000, 140_000), 170_000),
+    "one waiting thread, the group throttled on two CPUs": ((30_000, 140_000, 70_000), 170_000),
+    "idle": ((0, 0, 0), 0),
+}
+
+
+@pytest.mark.parametrize("counters, demand", DEMAND.values(), ids=DEMAND.keys())
+def test_a_windows_demand_is_usage_plus_the_larger_of_throttled_time_and_wait(
+    counters: tuple[int, int, int], demand: int
+) -> None:
+    assert window_demand_us(*counters) == demand
+
+
+BACKFILL = {
+    # earlier µs, threads that spilled, windows missed → windows given back (cores), µs given
+    "a 150 ms stall: the window before, then half the one before it": (
+        (150_000, 1, 3), ([0.5, 1.0], 150_000)),
+    "more than the missed windows hold: the rest stays": ((250_000, 1, 1), ([1.0], 100_000)),
+    "two threads stalled 100 ms each: one window at 2 cores": ((200_000, 2, 4), ([2.0], 200_000)),
+    "no window missed: nothing to give back": ((80_000, 1, 0), ([], 0)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("args, want", BACKFILL.values(), ids=BACKFILL.keys())
+def test_a_wait_that_landed_late_goes_back_to_the_windows_just_before(
+    args: tuple[int, int, int], want: tuple[list[float], int]
+) -> None:
+    earlier, threads, missed = args
+    assert backfill(earlier, threads, missed, 100_000) == want
+
+
+def v2_layout(root: Path) -> Layout:
+    d = root / "a"
+    d.mkdir()
+    (d / "cpu.stat").write_text("usage_usec 1000\nnr_periods 10\nnr_throttled 4\n"
+                                "throttled_usec 7000\n")  # fmt: skip
+    (d / "cpu.max").write_text("30000 100000\n")
+    return Layout(Version.V2, root, root)
+
+
+def a_series(layout: Layout, pod: str) -> Series:
+    reader = CounterReader(layout, "a")
+    return Series(Found("a", "ns", pod, "c"), reader, Bandwidth(30_000), 8_000, 0, reader.read())
+
+
+def test_windows_given_back_land_in_the_histogram_and_the_peak(tmp_path: Path) -> None:
+    series = a_series(v2_layout(tmp_path), "p")
+    try:
+        series.catch_up(4, 400_000_000, keep=10, late=[0.5, 1.0])
+        # 4 missed windows: 2 idle, then the two that held the stall
+        assert series.total == 4 and series.counts[0] == 2
+        assert series.counts[BUCKETS_CORES.index(0.5)] == 1
+        assert series.counts[BUCKETS_CORES.index(1.0)] == 1
+        assert series.peak == 1.0 and series.sum_cores == 1.5
+    finally:
+        series.close()
+
+
+def test_the_wait_counter_is_exported_beside_usage_only_where_it_is_measured(
+    tmp_path: Path,
+) -> None:
+    layout = v2_layout(tmp_path)
+    measured, not_measured = a_series(layout, "measured"), a_series(layout, "other")
+    try:
+        measured.wait_measured, measured.wait_us = True, 1_250_000
+        measured.latest = not_measured.latest = CpuStat(31_000, 11, 5, 83_000, 0, 0)
+        text = render([measured, not_measured]).decode()
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        wait = families["unthrottle_cpu_wait_seconds"]
+        assert wait.type == "counter"
+        assert [(x.labels["pod"], x.value) for x in wait.samples] == [("measured", 1.25)]
+        assert "run delay" in wait.documentation
+        names = list(families)  # exported beside usage and throttled time
+        assert names.index("unthrottle_cpu_wait_seconds") == (
+            names.index("unthrottle_cpu_cfs_throttled_seconds") + 1
+        )
+    finally:
+        measured.close()
+        not_measured.close()
+
+
+def test_the_thread_list_cadence_must_be_a_duration() -> None:
+    with pytest.raises(InvalidAgentSettings) as info:
+        AgentSettings(threads_s=0)
+    assert info.value.field == "threads_s"
+
+
+@pytest.mark.kernel
+def test_a_container_stalled_for_whole_windows_gets_its_demand_back_in_them(
+    layout: Layout,
+) -> None:
+    """100 ms of quota per 1 s period: the thread runs 100 ms, then is throttled 900 ms,
+    through 9 windows of 100 ms that read no usage. The kernel adds its wait (and its
+    throttled time) when it runs again; the sampler gives it back to those windows, so
+    they read about 1 core each, and the window it runs in about 1 core, not 10."""
+    tree = CgroupTree(layout)
+    child = None
+    sampler = None
+    try:
+        cg = tree.make(f"unthrottle-test-stall-{os.getpid()}")
+        cg.write_bandwidth(Bandwidth(100_000, period_us=1_000_000))
+        sampler = Sampler(layout, lambda known: [Found(cg.path, "", "x", "")])
+        sampler.refresh()
+        code = "import time\nend = time.monotonic() + 3.5\nwhile time.monotonic() < end: pass"
+        with Isolation(layout):
+            child = subprocess.Popen([sys.executable, "-c", code])
+            cg.add_process(child.pid)
+            start = time.monotonic()
+            for window in range(1, 31):  # 3 s of windows, on the sampler's schedule
+                time.sleep(max(0.0, start + window * 0.1 - time.monotonic()))
+                sampler.sample()
+        with sampler.lock:
+            (series,) = sampler.snapshot()
+        about_one = series.counts[BUCKETS_CORES.index(0.9)] + series.counts[
+            BUCKETS_CORES.index(1.0)] + series.counts[BUCKETS_CORES.index(1.25)]  # fmt: skip
+        print(series.counts, series.wait_us, cg.read_stat())
+        assert series.total == 30
+        # (0.75, 1.25]: it wanted a core throughout. Except in a stall still running when
+        # sampling stops (its wait lands when the thread next runs, after the last window):
+        # up to 9 windows, as the period's phase against the windows falls (seen: 1–7).
+        assert about_one >= 16, series.counts
+        assert series.peak <= 2.0, series.recent  # the stall is not one 10-core window
+        # Without the wait given back, the stalls would be ~26 windows at 0.
+        assert series.counts[0] <= 10, series.counts
+    finally:
+        if child is not None:
+            stop(child, timeout_s=5)
+        if sampler is not None:
+            sampler.close()
+        tree.cleanup()
