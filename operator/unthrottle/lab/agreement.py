@@ -26,6 +26,7 @@ the given number of cores. The rules (docs/model.md, "Agreement"):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -104,23 +105,14 @@ class Comparison:
         return out
 
 
-def compare(
-    workload: Workload,
-    spec: RunSpec,
-    measured: RunFigures,
-    cores: int,
-    *,
-    machine: Excess | None = None,
-) -> Comparison:
-    """Simulate ``spec`` as the lab ran it and set the two side by side.
-
-    ``machine`` None: ``spec`` is held alone (a no-limit run becomes the reference).
-    """
+def compare(workload: Workload, spec: RunSpec, measured: RunFigures, cores: int) -> Comparison:
+    """Simulate ``spec`` as the lab ran it and set the two side by side, the run held alone
+    (a no-limit run becomes the reference); :func:`compare_repeat` adds the machine's
+    excess to the limited runs."""
     machine_like = machine_for(measured, cores, spec.other_threads)
     predicted = simulate_tasks(workload, spec.bandwidth(), machine_like, limit=spec.as_given())
     tolerance = spec.ratio_tolerance or RATIO_TOLERANCE
-    reference = spec.cpus is None
-    return Comparison(measured, predicted, tolerance, machine or Excess(), reference)
+    return Comparison(measured, predicted, tolerance, Excess(), spec.cpus is None)
 
 
 def compare_repeat(scenario: Scenario, runs: Sequence[RunFigures], cores: int) -> list[Comparison]:
@@ -132,10 +124,7 @@ def compare_repeat(scenario: Scenario, runs: Sequence[RunFigures], cores: int) -
     alone = [compare(workload, s, f, cores) for s, f in zip(scenario.runs, runs, strict=True)]
     reference = next((c for c in alone if c.reference), None)
     machine = reference.excess if reference is not None else Excess()
-    return [
-        c if c.reference else compare(workload, spec, c.measured, cores, machine=machine)
-        for spec, c in zip(scenario.runs, alone, strict=True)
-    ]
+    return [c if c.reference else dataclasses.replace(c, machine=machine) for c in alone]
 
 
 @dataclass(frozen=True, slots=True)
