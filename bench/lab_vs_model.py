@@ -1,18 +1,20 @@
 """Compare the CFS model with the real kernel, run by run, over repeated measurements.
 
-    sudo .venv/bin/python bench/lab_vs_model.py --repeats 2 --isolate \\
+    sudo .venv/bin/python bench/lab_vs_model.py --repeats 2 --isolate --pin \\
         --save bench/results/lab-vs-model.json       # measures (root), then compares
     .venv/bin/python bench/lab_vs_model.py --from bench/results/lab-vs-model.json
 
 Each scenario in scenarios/seed-*.yaml is measured ``--repeats`` times by
 ``unthrottle lab run --json`` (``--isolate``: the machine's other processes at
-idle priority meanwhile). Each run is simulated at the period and tick phase the
-lab measured for it, on this machine's cores and HZ, and held to the rules of
-``unthrottle.lab.agreement`` (docs/model.md, "Agreement"). Prints a Markdown
-table: the lab's figures over the repeats, the model's, the kernel's own spread,
-and the verdict. ``--save`` writes every measurement, with how busy the rest of
-the machine was, to a results file that ``tests/test_lab_replay.py`` replays
-through the model and ``docs/benchmarks.md`` §3 quotes.
+idle priority meanwhile; ``--pin``: each worker on a CPU of its own where there
+are two or more and no more than CPUs, as the model places them). Each run is simulated
+at the period and tick phase the lab measured for it, on this machine's cores
+and HZ, and held to the rules of ``unthrottle.lab.agreement`` (docs/model.md,
+"Agreement"). Prints a Markdown table: the lab's figures over the repeats, the
+model's, the kernel's own spread, and the verdict. ``--save`` writes every
+measurement, with how busy the rest of the machine was, to a results file that
+``tests/test_lab_replay.py`` replays through the model and
+``docs/benchmarks.md`` §3 quotes.
 """
 
 from __future__ import annotations
@@ -56,11 +58,11 @@ def figures_from_json(run: dict[str, Any]) -> RunFigures:
     )
 
 
-def measure(repeats: int, isolate: bool) -> dict[str, Any]:
+def measure(repeats: int, isolate: bool, pin: bool) -> dict[str, Any]:
     """Run the lab ``repeats`` times over every seed scenario; the results file's content."""
     exe = Path(sys.executable).with_name("unthrottle")
-    cmd = [str(exe), "lab", "run", "--json", *(["--isolate"] if isolate else []),
-           *map(str, SCENARIOS)]  # fmt: skip
+    flags = [*(["--isolate"] if isolate else []), *(["--pin"] if pin else [])]
+    cmd = [str(exe), "lab", "run", "--json", *flags, *map(str, SCENARIOS)]
     measurements = []
     for _ in range(repeats):
         with OtherLoad() as noise:
@@ -70,10 +72,11 @@ def measure(repeats: int, isolate: bool) -> dict[str, Any]:
                              "seconds": round(noise.seconds, 1), "scenarios": entries})  # fmt: skip
     return {
         "command": "sudo .venv/bin/python bench/lab_vs_model.py --repeats "
-        f"{repeats}{' --isolate' if isolate else ''} --save bench/results/lab-vs-model.json",
+        f"{repeats} {' '.join(flags)} --save bench/results/lab-vs-model.json".replace("  ", " "),
         "measured": datetime.date.today().isoformat(),
         "cores": len(os.sched_getaffinity(0)),
         "isolated": isolate,
+        "pinned": pin,
         "measurements": measurements,
     }
 
@@ -110,8 +113,11 @@ def table(found: list[RunAgreement]) -> str:
             m for c in a.comparisons for m in c.misses)  # fmt: skip
         if a.spec.cpus is None:
             verdict += " (p95: the machine's reference)"
-        if a.spec.ratio_tolerance:
-            verdict += f" (ratio ±{a.spec.ratio_tolerance:g}, from the scenario file)"
+        widened = [f"ratio ±{a.spec.ratio_tolerance:g}"] if a.spec.ratio_tolerance else []
+        if a.spec.latency_tolerance:
+            widened.append(f"latency ±{a.spec.latency_tolerance:.0%}")
+        if widened:
+            verdict += f" ({', '.join(widened)}, from the scenario file)"
         lines.append(
             f"| {a.scenario} | {a.spec.label()} "
             f"| {_span([m.latency.p50 for m in ms], 1)} / {_span([p.latency.p50 for p in ps], 1)} "
@@ -128,11 +134,12 @@ def main() -> int:
     parser.add_argument("--save", type=Path, help="write the results file here")
     parser.add_argument("--repeats", type=int, default=2, help="measurements per scenario")
     parser.add_argument("--isolate", action="store_true", help="`lab run --isolate`")
+    parser.add_argument("--pin", action="store_true", help="`lab run --pin`")
     args = parser.parse_args()
     if args.source:
         results = json.loads(args.source.read_text())
     else:
-        results = measure(args.repeats, args.isolate)
+        results = measure(args.repeats, args.isolate, args.pin)
         if args.save:
             args.save.write_text(json.dumps(results, indent=1) + "\n")
     for m in results["measurements"]:

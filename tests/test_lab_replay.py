@@ -8,6 +8,7 @@ the lab measured). The model is run at those phases and held to the rules of
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -80,6 +81,9 @@ def test_a_knife_edge_run_says_so_in_its_scenario_file() -> None:
     widened = {(load_scenario(p).name, r.label()): r.ratio_tolerance
                for p in SCENARIOS for r in load_scenario(p).runs if r.ratio_tolerance}  # fmt: skip
     assert all(0 < t <= 0.10 for t in widened.values()), widened
+    runs = [(load_scenario(p).name, r) for p in SCENARIOS for r in load_scenario(p).runs]
+    latency = {(name, r.label()): r.latency_tolerance for name, r in runs if r.latency_tolerance}
+    assert latency == {("seed-004-open-pool", "0.6 CPU"): 0.30}
     source = Path(ROOT / "operator" / "unthrottle" / "lab" / "agreement.py").read_text()
     assert "seed-" not in source  # the product knows no scenario by name
 
@@ -87,3 +91,22 @@ def test_a_knife_edge_run_says_so_in_its_scenario_file() -> None:
 def test_the_docs_quote_the_table_of_the_saved_runs(results: dict[str, Any]) -> None:
     table = lab_vs_model.table(lab_vs_model.agreements(results))
     assert table in (ROOT / "docs" / "benchmarks.md").read_text()
+
+
+def test_a_runs_latency_tolerance_widens_its_latency_and_only_that(
+    results: dict[str, Any],
+) -> None:
+    """The open pool at 0.6 CPU, measured 25 % slower at p95 than the model: a miss by the
+    default 15 %, within the 30 % its scenario file gives it."""
+    scenario = load_scenario(ROOT / "scenarios" / "seed-004-open-pool.yaml")
+    index, spec = next((i, r) for i, r in enumerate(scenario.runs) if r.latency_tolerance)
+    entry = next(e for e in results["measurements"][0]["scenarios"] if e["name"] == scenario.name)
+    measured = lab_vs_model.figures_from_json(entry["runs"][index])
+    workload, cores = scenario.workload.to_workload(), int(results["cores"])
+    predicted = compare(workload, spec, measured, cores).predicted.latency
+    slower = dataclasses.replace(
+        measured, latency=dataclasses.replace(measured.latency, p50=predicted.p50,
+                                              p95=1.25 * predicted.p95))  # fmt: skip
+    plain = spec.model_copy(update={"latency_tolerance": None})
+    assert [m for m in compare(workload, plain, slower, cores).misses if "p95" in m]
+    assert [m for m in compare(workload, spec, slower, cores).misses if "p95" in m] == []

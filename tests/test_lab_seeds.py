@@ -10,6 +10,9 @@ Every assertion holds on a busy 2-core machine as on a quiet one, and none skips
   machine kept at idle priority (``LabOptions(isolate=True)``): beside a CPU hog,
   an unlimited open pool measured p95 39 ms against 15 ms without isolation, and
   16–18 ms with it (docs/benchmarks.md §3). How busy the machine was is printed.
+  The workers are each on a CPU of their own (``pin=True``), as the model places
+  them: once, beside a hog, both of a batch round's two workers shared one CPU for
+  a whole task in both measurements (p95 110.6 ms against the model's 60.1 ms).
 - agreement by the rules of ``unthrottle.lab.agreement``: within tolerance of at
   least one of the kernel's two measurements of each run, the latency tolerance
   widened by what the machine adds without a limit.
@@ -57,7 +60,7 @@ class Lab:
 def lab() -> Lab:
     assert KERNEL_LAYOUT is not None, "conftest fails a CI run without a cgroup CPU controller"
     scenarios = [load_scenario(p) for p in SCENARIOS]
-    options = LabOptions(isolate=True)
+    options = LabOptions(isolate=True, pin=True)
     with OtherLoad() as noise:
         repeats = [{s.name: run_scenario(s, KERNEL_LAYOUT, options) for s in scenarios}
                    for _ in range(REPEATS)]  # fmt: skip
@@ -81,9 +84,14 @@ class TestThePhenomena:
     def check_30ms(half: RunFigures, short_period: RunFigures) -> None:
         assert half.latency.p50 > 60
         assert half.stat.throttle_ratio > 0.8
-        # the 10 ms period lowers p50; the throttled time stays about the same
+        # The 10 ms period lowers p50; the time the thread waits out stays about the same.
+        # That is its wait (schedstat run delay): cpu.stat's throttled time read 2.09 s of
+        # 2.99 s waited at the 10 ms period beside an idle-priority hog, and never more than
+        # the wait (docs/benchmarks.md §3, "Throttled time beside idle-priority work").
         assert short_period.latency.p50 < half.latency.p50
-        assert short_period.stat.throttled_us == pytest.approx(half.stat.throttled_us, rel=0.25)
+        assert short_period.stat.wait_us == pytest.approx(half.stat.wait_us, rel=0.3)
+        for run in (half, short_period):
+            assert run.stat.throttled_us <= 1.02 * run.stat.wait_us
 
     def test_5ms_tasks_low_p50_high_p95(self, lab: Lab) -> None:
         for _, limited in lab["seed-000-serial-5ms"]:

@@ -75,6 +75,15 @@ IsolateFlag = Annotated[
         "figures.",
     ),
 ]
+PinFlag = Annotated[
+    bool,
+    typer.Option(
+        "--pin",
+        help="Put each worker on a CPU of its own when there are two or more and no more "
+        "than CPUs, as the model places them, so the scheduler's placement does not move "
+        "the figures.",
+    ),
+]
 MAX_PHASE_MS = 1000.0
 """Phases and wake-up delays, ms: a CFS period is at most 1 s, and so is any sane delay."""
 PhaseMs = Annotated[
@@ -150,9 +159,10 @@ def lab_run(
     json: JsonFlag = False,
     phase_ms: PhaseMs = 0.0,
     isolate: IsolateFlag = False,
+    pin: PinFlag = False,
 ) -> None:
     """Run each scenario's runs in fresh cgroups on this kernel and measure them."""
-    options = LabOptions(phase_us=_phase_us(phase_ms, "--phase-ms"), isolate=isolate)
+    options = LabOptions(phase_us=_phase_us(phase_ms, "--phase-ms"), isolate=isolate, pin=pin)
     scenarios = _load_all(paths)
     rows: list[tuple[Scenario, list[RunFigures]]] = []
     with _lab_session("lab run") as layout:
@@ -186,6 +196,7 @@ def lab_tune(
         bool, typer.Option(help="Also measure the VPA, KRR and 2x-average baselines.")
     ] = True,
     isolate: IsolateFlag = False,
+    pin: PinFlag = False,
 ) -> None:
     """Measure today's settings, recommend, and prove the result on this kernel."""
     try:
@@ -209,7 +220,7 @@ def lab_tune(
             err.print(styled(message, "dim"))
 
     with _lab_session("lab tune") as layout:
-        result = tune(scenario, layout, policy, LabOptions(isolate=isolate),
+        result = tune(scenario, layout, policy, LabOptions(isolate=isolate, pin=pin),
                       with_baselines=baselines, on_step=step)  # fmt: skip
     if json:
         print(dumps(result.to_json()), flush=True)

@@ -93,7 +93,8 @@ def _empty_into(source: Path, root: Path) -> None:
         source.rmdir()
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """True while a process with this PID exists."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -150,7 +151,7 @@ class Isolation:
         """Empty and remove the cgroups of isolations whose lab is dead."""
         for stale in self.root.glob(f"{PREFIX}*"):
             owner = stale.name.removeprefix(PREFIX)
-            if owner.isdigit() and not _alive(int(owner)):
+            if owner.isdigit() and not alive(int(owner)):
                 _empty_into(stale, self.root)
 
     def describe(self) -> str:

@@ -12,8 +12,12 @@ import sys
 from pathlib import Path
 from types import TracebackType
 
+from unthrottle.cgroups import Cgroup, CgroupError, Layout
+from unthrottle.lab.isolation import alive
+
 WORKER_SCRIPT = Path(__file__).with_name("worker.py")
 _PR_SET_PDEATHSIG = 1
+NEIGHBOUR_PREFIX = "unthrottle-lab-neighbour-"
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
@@ -105,6 +109,24 @@ class Workers:
         self.close()
 
 
+def pin_apart(pids: list[int]) -> bool:
+    """Pin each process to a CPU of its own, the last CPUs first; True when done.
+
+    Only two or more, and no more than there are CPUs; otherwise nothing is pinned
+    (False) and the scheduler places them. A single worker has no sibling to share a CPU
+    with, and pinned it measured less throttled time than it was throttled for: serial
+    30 ms tasks at 0.5 CPU and a 10 ms period, beside an idle-priority hog on its CPU,
+    read 1.9–2.3 s of throttled time for about 3 s of waiting (2.5–3.0 s unpinned). The
+    other threads a run asks for are pinned from the first CPU up (``OtherThreads``).
+    """
+    cpus = sorted(os.sched_getaffinity(0), reverse=True)
+    if not 2 <= len(pids) <= len(cpus):
+        return False
+    for pid, cpu in zip(pids, cpus, strict=False):
+        os.sched_setaffinity(pid, {cpu})
+    return True
+
+
 def kill_and_reap(procs: list[subprocess.Popen[bytes]]) -> None:
     """SIGKILL every process still running, by PID, then wait for each."""
     for proc in procs:
@@ -121,28 +143,60 @@ class OtherThreads:
     Each spins in pure Python (no syscalls) until killed, as a CPU-bound neighbour on a
     node does, pinned to one CPU in turn (the first to CPU 0, the next to CPU 1, …): left
     free, the scheduler put two of them on one CPU and the run's thread alone on the
-    other for a whole run, and nothing was contended. They start before the run and are
-    killed by PID and reaped after it. They
-    are this process's children, so ``isolate`` keeps them at their priority: it keeps
-    out the machine's load, not the load the scenario asked for.
+    other for a whole run, and nothing was contended.
+
+    Each lives in a cgroup of its own (``unthrottle-lab-neighbour-PID-N``, default
+    weight), as a neighbouring container does on a node, so a core is shared evenly
+    between it and the run's cgroup, as the model shares it. Left in the lab's own
+    cgroup they were scheduled by whatever groups the machine makes there: with
+    ``sched_autogroup_enabled`` the two of them shared one session's weight, and a
+    run's thread at 0.6 CPU got its 0.6 (throttled in every period) on one machine and
+    exactly half a core (never throttled) on another of the same kind.
+
+    They start before the run and are killed by PID and reaped after it, and their
+    cgroups removed; they die with the lab if it is killed. They are this process's
+    children, so ``isolate`` keeps them at their priority: it keeps out the machine's
+    load, not the load the scenario asked for.
     """
 
-    def __init__(self, count: int) -> None:
+    def __init__(self, count: int, layout: Layout) -> None:
         self.count = count
+        self.layout = layout
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.cgroups: list[Cgroup] = []
 
     def __enter__(self) -> OtherThreads:
+        if not self.count:
+            return self
         try:
+            self._reclaim_stale()
             spin = [sys.executable, "-I", "-S", "-c", "while True: pass"]
             cpus = sorted(os.sched_getaffinity(0))
             for index in range(self.count):
-                proc = subprocess.Popen(spin, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+                cgroup = Cgroup(self.layout, f"{NEIGHBOUR_PREFIX}{os.getpid()}-{index}")
+                cgroup.create()
+                self.cgroups.append(cgroup)
+                proc = subprocess.Popen(
+                    spin,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    preexec_fn=_die_with_parent,  # noqa: PLW1509 - the lab starts no threads
+                )
                 self.procs.append(proc)
                 os.sched_setaffinity(proc.pid, {cpus[index % len(cpus)]})
+                cgroup.add_process(proc.pid)
         except BaseException:
             self.close()
             raise
         return self
+
+    def _reclaim_stale(self) -> None:
+        """Remove the neighbours' cgroups of a lab that was killed (theirs died with it)."""
+        for stale in self.layout.cpu_root.glob(f"{NEIGHBOUR_PREFIX}*"):
+            owner = stale.name.removeprefix(NEIGHBOUR_PREFIX).split("-")[0]
+            if owner.isdigit() and not alive(int(owner)):
+                with contextlib.suppress(CgroupError):
+                    Cgroup(self.layout, stale.name).remove(timeout_s=1.0)
 
     @property
     def pids(self) -> list[int]:
@@ -150,9 +204,12 @@ class OtherThreads:
         return [proc.pid for proc in self.procs]
 
     def close(self) -> None:
-        """Kill every busy process by PID and reap it; safe to call twice."""
+        """Kill every busy process by PID, reap it and remove its cgroup; safe to call twice."""
         kill_and_reap(self.procs)
         self.procs = []
+        for cgroup in self.cgroups:
+            cgroup.remove()
+        self.cgroups = []
 
     def __exit__(
         self,

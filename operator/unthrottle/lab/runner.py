@@ -44,7 +44,7 @@ from unthrottle.cgroups import Cgroup, CpuStat, Layout
 from unthrottle.cgroups.waits import WaitReader
 from unthrottle.lab.isolation import Isolation
 from unthrottle.lab.kernel import kernel_hz
-from unthrottle.lab.processes import LabError, OtherThreads, Workers
+from unthrottle.lab.processes import LabError, OtherThreads, Workers, pin_apart
 from unthrottle.lab.sampling import PeriodSampler, PeriodSamples
 from unthrottle.model.scenario import RunSpec, Scenario
 
@@ -76,6 +76,11 @@ class LabOptions:
     isolate: bool = False
     """Keep the machine's other processes at idle priority while each run measures
     (``unthrottle.lab.isolation``), so that other load does not move the figures."""
+    pin: bool = False
+    """Put each worker on a CPU of its own (``processes.pin_apart``) when there are two or
+    more and no more than CPUs, as the model places them: left to the scheduler, two workers woken
+    together now and then shared one CPU for a whole task while the other ran only
+    idle-priority work, and a batch round took twice as long (docs/benchmarks.md §3)."""
 
 
 def run_scenario(
@@ -188,6 +193,7 @@ def _measure(
         try:
             if ours:
                 cgroup.write_bandwidth(bandwidth)
+            pinned = pin_apart(workers.pids) if options.pin else False
             for pid in workers.pids:
                 cgroup.add_process(pid)
             grid_ns = _calibrate(workers, bandwidth, cgroup) if bandwidth.limited else None
@@ -195,7 +201,7 @@ def _measure(
             waits.wait_us()  # every worker's thread, counted from here
             # The run's other load (contention), started now: its start-up is done and its
             # threads are busy before the workload starts.
-            stack.enter_context(OtherThreads(run.other_threads))
+            stack.enter_context(OtherThreads(run.other_threads, layout))
             t0 = _start_time(bandwidth, grid_ns, options.phase_us)
             sleep_until(t0 - LEAD_NS // 3)
             sampler = PeriodSampler(cgroup, t0, bandwidth.period_us * 1000) if sample else None
@@ -249,6 +255,8 @@ def _measure(
             "wakeup_ms": round(statistics.median(wakeups) / 1e6, 4) if wakeups else 0.0,
             # How many other processes were kept at idle priority (None: not isolated).
             "isolated": isolation.moved if isinstance(isolation, Isolation) else None,
+            # Were the workers each on a CPU of their own (LabOptions.pin)?
+            "pinned": pinned,
         },
     )
     return figures, (sampler.samples() if sampler is not None else None)

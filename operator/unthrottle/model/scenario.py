@@ -144,6 +144,14 @@ class RunSpec(BaseModel):
         description="How far the model's throttle ratio may be from the kernel's for this run "
         "(default 0.05, absolute). Only for a run on a knife's edge, with the reason beside it.",
     )
+    latency_tolerance: Number | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="How far the model's p50 and p95 may be from the kernel's for this run, as a "
+        "share of the measurement (default 0.15). Only for a run on a knife's edge, with the "
+        "measured spread beside it.",
+    )
 
     @model_validator(mode="after")
     def _kernel_accepts(self) -> RunSpec:
@@ -172,7 +180,7 @@ class RunSpec(BaseModel):
 
     def as_given(self) -> dict[str, float]:
         """The settings exactly as the file gave them (for the output's ``limit``)."""
-        return self.model_dump(exclude_unset=True, exclude={"ratio_tolerance"})
+        return self.model_dump(exclude_unset=True, exclude={"ratio_tolerance", "latency_tolerance"})
 
     def label(self) -> str:
         """A short human label: ``no limit``, ``0.5 CPU, 10 ms period``."""
