@@ -1,15 +1,16 @@
-"""What ``cpu.stat`` throttled time reads while a CPU also runs idle-priority work.
+"""What ``cpu.stat`` throttled time reads while the CPUs also run idle-priority work.
 
     sudo .venv/bin/python bench/throttled_time.py --save bench/results/throttled-time.json
 
 One thread with 30 ms tasks back to back at 0.5 CPU, with a 100 ms and a 10 ms
-period, measured by the lab with ``--isolate``: on a quiet machine, and beside a CPU
-hog that the isolation keeps at idle priority (``cpu.idle``). In every case the
-thread waits out half of each period; its schedstat run delay (``wait``) says so.
-The cgroup's throttled time does too on a quiet machine, but not beside the
-idle-priority hog at the short period. The hog is started through a shell that
-exits at once (so it is not this process's child, and is isolated like any other
-process) and killed by PID. docs/benchmarks.md §3 quotes the table.
+period, measured by the lab with ``--isolate``: on a quiet machine, beside one CPU
+hog and beside two, which the isolation keeps at idle priority (``cpu.idle``). In
+every case the thread waits out about half of each period; its schedstat run delay
+(``wait``) says so. The cgroup's throttled time does too, but for the short period
+beside two hogs (every CPU running idle-priority work). The hogs are started
+through a shell that exits at once (so they are not this process's children, and
+are isolated like any other process) and killed by PID. docs/benchmarks.md §3
+quotes the table.
 """
 
 from __future__ import annotations
@@ -39,34 +40,37 @@ SCENARIO = parse_scenario({
 
 
 @contextlib.contextmanager
-def hog(on: bool) -> Iterator[None]:
-    """A CPU hog that is not this process's descendant, killed by PID afterwards."""
-    if not on:
-        yield
-        return
+def hogs(count: int) -> Iterator[None]:
+    """CPU hogs that are not this process's descendants, killed by PID afterwards."""
     spin = f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 </dev/null"
-    out = subprocess.run(["sh", "-c", f"{spin} & echo $!"], capture_output=True, text=True,
-                         check=True, timeout=10)  # fmt: skip
-    pid = int(out.stdout)
+    pids = []
     try:
+        for _ in range(count):
+            out = subprocess.run(["sh", "-c", f"{spin} & echo $!"], capture_output=True,
+                                 text=True, check=True, timeout=10)  # fmt: skip
+            pids.append(int(out.stdout))
         yield
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+BESIDE = {0: "nothing", 1: "one idle-priority hog", 2: "two idle-priority hogs"}
 
 
 def measure(repeats: int) -> list[dict[str, Any]]:
     layout, options = detect_layout(), LabOptions(isolate=True)
     workload = SCENARIO.workload.to_workload()
     rows = []
-    for beside in (False, True):
+    for count, beside in BESIDE.items():
         for spec in SCENARIO.runs:
             for _ in range(repeats):
-                with hog(beside):
+                with hogs(count):
                     stat = run_run(workload, spec, layout, options).stat
                 rows.append({
                     "period_ms": spec.bandwidth().period_us / 1000,
-                    "beside": "an idle-priority hog" if beside else "nothing",
+                    "beside": beside,
                     "usage_s": round(stat.usage_us / 1e6, 2),
                     "throttled_s": round(stat.throttled_us / 1e6, 2),
                     "wait_s": round(stat.wait_us / 1e6, 2),

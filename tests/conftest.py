@@ -91,6 +91,15 @@ def _someone_elses(name: str) -> bool:
     return True
 
 
+def cpu_cgroup_of(pid: int) -> str:
+    """The process's path in the CPU hierarchy (v1 ``cpu`` or v2's ``0::``)."""
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(",") or controllers == "":
+            return path
+    raise AssertionError(f"{pid}: no CPU hierarchy")
+
+
 def lab_cgroups(layout: Layout) -> set[Path]:
     """Every lab or test cgroup present now, in every hierarchy, except those of other
     processes' test runs (the machine is shared)."""

@@ -10,23 +10,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
+from conftest import cpu_cgroup_of
 from unthrottle.cgroups import Cgroup, Layout
 from unthrottle.lab.isolation import PREFIX, Isolation
 
 pytestmark = pytest.mark.kernel
-
-
-def cpu_cgroup_of(pid: int) -> str:
-    """The process's path in the CPU hierarchy (v1 ``cpu`` or v2's ``0::``)."""
-    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "cpu" in controllers.split(",") or controllers == "":
-            return path
-    raise AssertionError(f"{pid}: no CPU hierarchy")
 
 
 @pytest.fixture

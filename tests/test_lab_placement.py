@@ -11,19 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from conftest import cpu_cgroup_of
 from unthrottle.cgroups import Layout
 from unthrottle.lab.processes import NEIGHBOUR_PREFIX, OtherThreads, kill_and_reap, pin_apart
 
 CPUS = sorted(os.sched_getaffinity(0))
-
-
-def cpu_cgroup_of(pid: int) -> str:
-    """The process's path in the CPU hierarchy (v1 ``cpu`` or v2's ``0::``)."""
-    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "cpu" in controllers.split(",") or controllers == "":
-            return path
-    raise AssertionError(f"{pid}: no CPU hierarchy")
 
 
 def sleepers(count: int) -> Iterator[list[int]]:

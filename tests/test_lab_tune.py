@@ -64,7 +64,7 @@ def test_on_a_busy_node_tune_meets_the_target_under_the_same_contention() -> Non
     half a core, is throttled at 0.4 CPU, and waits behind them. The demand the contention
     hid is counted from the wait: the answer is the core it wants (measured 1100m), which
     meets the target beside the same two threads and on a quiet node alike. Sized from
-    usage + throttled time alone it was 740m, throttled in every period once the node was
+    usage + throttled time alone it was 730m, throttled in every period once the node was
     quiet (docs/benchmarks.md §4)."""
     assert KERNEL_LAYOUT is not None, "conftest fails a CI run without a cgroup CPU controller"
     scenario = ROOT / "scenarios" / "tune-serial-busy.yaml"

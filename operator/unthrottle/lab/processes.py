@@ -113,11 +113,9 @@ def pin_apart(pids: list[int]) -> bool:
     """Pin each process to a CPU of its own, the last CPUs first; True when done.
 
     Only two or more, and no more than there are CPUs; otherwise nothing is pinned
-    (False) and the scheduler places them. A single worker has no sibling to share a CPU
-    with, and pinned it measured less throttled time than it was throttled for: serial
-    30 ms tasks at 0.5 CPU and a 10 ms period, beside an idle-priority hog on its CPU,
-    read 1.9–2.3 s of throttled time for about 3 s of waiting (2.5–3.0 s unpinned). The
-    other threads a run asks for are pinned from the first CPU up (``OtherThreads``).
+    (False) and the scheduler places them: a single worker has no sibling to share a CPU
+    with, and stays free to leave a CPU that other work wakes on. The other threads a run
+    asks for are pinned from the first CPU up (``OtherThreads``).
     """
     cpus = sorted(os.sched_getaffinity(0), reverse=True)
     if not 2 <= len(pids) <= len(cpus):
