@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +138,27 @@ def _limits(d: dict[str, Any]) -> dict[str, int | None]:
     }  # fmt: skip
 
 
+def _patch_as_the_operator_does(
+    store: KubeDeployments,
+    namespace: str,
+    name: str,
+    ops_of: Callable[[dict[str, Any]], list[dict[str, Any]]],
+) -> None:
+    """Patch from a fresh read, and read again on a conflict, three times at most: the
+    controller may still be writing the status of a rollout it just finished (its
+    resourceVersion moved after the rollout was seen done, once in a CI run). A patch whose
+    `test` operations never match the server's bytes fails all three."""
+    for attempt in range(3):
+        fresh = store.get(namespace, name)
+        assert fresh is not None
+        try:
+            store.json_patch(namespace, name, ops_of(fresh))
+            return
+        except PatchConflict:
+            if attempt == 2:
+                raise
+
+
 def _rolled_out(kube: Kube, name: str) -> dict[str, Any]:
     return kube.rolled_out(kube.namespace, name)
 
@@ -147,11 +169,13 @@ def test_apply_patches_a_deployment_with_shell_urls_and_non_ascii_text_and_rolls
     kube.create(DEPLOYMENTS, deployment(kube.namespace, "checkout"))
     before = _rolled_out(kube, "checkout")
     store = KubeDeployments(kube.api_client())
-    raw = store.get(kube.namespace, "checkout")
-    assert raw is not None
-    record = plan(raw, [_change("app", 500, 1200, burst_us=20_000)], policy="pay",
-                  policy_uid="uid-1", policy_generation=1, now=1000.0)  # fmt: skip
-    store.json_patch(kube.namespace, "checkout", apply_patch(raw, record))
+
+    def first(fresh: dict[str, Any]) -> list[dict[str, Any]]:
+        record = plan(fresh, [_change("app", 500, 1200, burst_us=20_000)], policy="pay",
+                      policy_uid="uid-1", policy_generation=1, now=1000.0)  # fmt: skip
+        return apply_patch(fresh, record)
+
+    _patch_as_the_operator_does(store, kube.namespace, "checkout", first)
     patched = _rolled_out(kube, "checkout")
     assert _limits(patched) == {"app": 1200, "sidecar": 100}
     template = patched["spec"]["template"]
@@ -172,20 +196,14 @@ def test_apply_patches_a_deployment_with_shell_urls_and_non_ascii_text_and_rolls
         assert pod["metadata"]["annotations"]["unthrottle.io/cpu-burst"] == "app=20ms"
         assert pod["status"]["phase"] == "Running"
     assert rollout(patched) == "done"
+
     # rollback restores the limit and removes our annotation, through the same kind of patch
-    # (re-read on a conflict, as the operator does: the controller may still be writing the
-    # status of the rollout it just finished)
-    for _ in range(3):
-        fresh = store.get(kube.namespace, "checkout")
-        assert fresh is not None
+    def rollback(fresh: dict[str, Any]) -> list[dict[str, Any]]:
         stored = record_of(fresh)
         assert stored is not None
-        ops, _ = rollback_patch(fresh, stored, now=2000.0, reason="worse: 30 % → 45 %")
-        try:
-            store.json_patch(kube.namespace, "checkout", ops)
-            break
-        except PatchConflict:
-            continue
+        return rollback_patch(fresh, stored, now=2000.0, reason="worse: 30 % → 45 %")[0]
+
+    _patch_as_the_operator_does(store, kube.namespace, "checkout", rollback)
     back = _rolled_out(kube, "checkout")
     assert _limits(back) == {"app": 500, "sidecar": 100}
     assert "unthrottle.io/cpu-burst" not in back["spec"]["template"]["metadata"]["annotations"]
@@ -196,10 +214,14 @@ def test_apply_patches_a_deployment_with_shell_urls_and_non_ascii_text_and_rolls
     kept = record_of(back)
     assert kept is not None and kept.verdict == "RolledBack"
     assert kept.verdict_reason == "worse: 30 % → 45 %"
+
     # and the record, with its non-ASCII reason, can be rewritten again (no stale test)
-    again = plan(back, [_change("app", 500, 900)], policy="pay", policy_uid="uid-1",
-                 policy_generation=2, now=3000.0)  # fmt: skip
-    store.json_patch(kube.namespace, "checkout", apply_patch(back, again))
+    def again(fresh: dict[str, Any]) -> list[dict[str, Any]]:
+        record = plan(fresh, [_change("app", 500, 900)], policy="pay", policy_uid="uid-1",
+                      policy_generation=2, now=3000.0)  # fmt: skip
+        return apply_patch(fresh, record)
+
+    _patch_as_the_operator_does(store, kube.namespace, "checkout", again)
     assert _limits(_rolled_out(kube, "checkout"))["app"] == 900
 
 
@@ -301,9 +323,13 @@ def test_a_deployment_scaled_to_zero_rolls_out_with_no_pods(kube: Kube) -> None:
     done = _rolled_out(kube, "idle")
     assert rollout(done) == "done"
     store = KubeDeployments(kube.api_client())
-    record = plan(done, [_change("app", 500, 700)], policy="pay", policy_uid="u",
-                  policy_generation=1, now=1.0)  # fmt: skip
-    store.json_patch(kube.namespace, "idle", apply_patch(done, record))
+
+    def ops(fresh: dict[str, Any]) -> list[dict[str, Any]]:
+        record = plan(fresh, [_change("app", 500, 700)], policy="pay", policy_uid="u",
+                      policy_generation=1, now=1.0)  # fmt: skip
+        return apply_patch(fresh, record)
+
+    _patch_as_the_operator_does(store, kube.namespace, "idle", ops)
     after = _rolled_out(kube, "idle")
     assert _limits(after)["app"] == 700 and rollout(after) == "done"
 
@@ -313,13 +339,16 @@ def test_several_containers_are_patched_by_name_whatever_their_order(kube: Kube)
                   container("worker", limit=None)]  # fmt: skip
     kube.create(DEPLOYMENTS, deployment(kube.namespace, "multi", replicas=1,
                                         containers=copy.deepcopy(containers)))  # fmt: skip
-    raw = _rolled_out(kube, "multi")
+    _rolled_out(kube, "multi")
     store = KubeDeployments(kube.api_client())
     changes = [_change("api", 500, 1500), _change("worker", 0, 2000)]
     changes[1] = ContainerChange(name="worker", before=Settings(None, 0, None),
                                  after=Settings(2000, 0, None), ratio_before=0.2,
                                  expected_ratio=0.0)  # fmt: skip
-    record = plan(raw, changes, policy="pay", policy_uid="u", policy_generation=1, now=1.0)
-    store.json_patch(kube.namespace, "multi", apply_patch(raw, record))
+    _patch_as_the_operator_does(
+        store, kube.namespace, "multi",
+        lambda fresh: apply_patch(fresh, plan(fresh, changes, policy="pay", policy_uid="u",
+                                              policy_generation=1, now=1.0)),
+    )  # fmt: skip
     after = _rolled_out(kube, "multi")
     assert _limits(after) == {"sidecar": 100, "api": 1500, "worker": 2000}
