@@ -39,11 +39,13 @@ def test_usage_plus_throttled_time_recovers_the_demand_that_usage_hides(
     options = LabOptions(isolate=True)
     _, truth = run_sampled(workload, SCENARIO.runs[0], layout, options)
     limited, seen = run_sampled(workload, SCENARIO.runs[1], layout, options)
-    # Censored: usage under the limit stays at the quota (50 ms). A window may catch more:
-    # each CPU may carry a 5 ms slice into a period, and the sampler's windows sit 1 ms
-    # after the boundaries with some wake-up jitter, so the bound is on the bulk.
-    assert np.median(seen.usage_us) <= 51_000
-    assert np.percentile(seen.usage_us, 90) <= 50_000 + 2 * 5_000
+    # Censored: usage under the limit stays at the quota (50 ms a period). One window may
+    # catch more and the next less: the sampler's windows sit 1 ms after the boundaries and
+    # wake with some jitter (beside a hog in CI: a median window of 51.2 ms, one of 85 ms
+    # next to one of 34 ms). So the bound is on the mean: n windows span at most n + 1
+    # periods' quota, plus the 5 ms slice each CPU may carry into the first.
+    windows = len(seen.usage_us)
+    assert np.mean(seen.usage_us) <= (50_000 * (windows + 1) + 2 * 5_000) / windows
     assert limited.stat.throttle_ratio > 0.8
     busy = truth.demand_us[truth.demand_us > 0]
     # Two threads busy back to back: ~2 CPUs of demand per period.
