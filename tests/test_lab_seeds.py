@@ -152,8 +152,10 @@ def bounds_missed(workload: Workload, spec: RunSpec, fig: RunFigures) -> list[st
         checks += [
             ("usage within the quota of its active periods",
              stat.usage_us <= (stat.nr_periods + 1) * quota + burst + slack),
+            # The run's first and last periods are cut by its span, each may hold a quota
+            # (CI beside a hog: batch-parallel at 0.5 CPU ran 11 ms faster than one allows).
             ("no faster than the quota lets it run",
-             wall_us >= (stat.usage_us - quota - burst - slack) * period / quota),
+             wall_us >= (stat.usage_us - 2 * quota - burst - slack) * period / quota),
             ("active periods fit in the wall time", stat.nr_periods <= wall_us / period + 2),
         ]  # fmt: skip
     for name, ok in checks:
