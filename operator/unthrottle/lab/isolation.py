@@ -93,8 +93,7 @@ def _empty_into(source: Path, root: Path) -> None:
         source.rmdir()
 
 
-def alive(pid: int) -> bool:
-    """True while a process with this PID exists."""
+def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -102,6 +101,17 @@ def alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def orphaned(root: Path, prefix: str) -> list[Path]:
+    """The cgroups below ``root`` named ``prefix`` + a PID (and ``-…`` after it) whose
+    process is gone: what a lab killed outright (SIGKILL) left behind."""
+    found = []
+    for cgroup in root.glob(f"{prefix}*"):
+        owner = cgroup.name.removeprefix(prefix).split("-")[0]
+        if owner.isdigit() and not _alive(int(owner)):
+            found.append(cgroup)
+    return found
 
 
 class Isolation:
@@ -149,10 +159,8 @@ class Isolation:
 
     def _reclaim_stale(self) -> None:
         """Empty and remove the cgroups of isolations whose lab is dead."""
-        for stale in self.root.glob(f"{PREFIX}*"):
-            owner = stale.name.removeprefix(PREFIX)
-            if owner.isdigit() and not alive(int(owner)):
-                _empty_into(stale, self.root)
+        for stale in orphaned(self.root, PREFIX):
+            _empty_into(stale, self.root)
 
     def describe(self) -> str:
         """``other processes kept at idle priority (12 moved)``, or why they were not."""

@@ -13,7 +13,7 @@ from pathlib import Path
 from types import TracebackType
 
 from unthrottle.cgroups import Cgroup, CgroupError, Layout
-from unthrottle.lab.isolation import alive
+from unthrottle.lab.isolation import orphaned
 
 WORKER_SCRIPT = Path(__file__).with_name("worker.py")
 _PR_SET_PDEATHSIG = 1
@@ -190,11 +190,9 @@ class OtherThreads:
 
     def _reclaim_stale(self) -> None:
         """Remove the neighbours' cgroups of a lab that was killed (theirs died with it)."""
-        for stale in self.layout.cpu_root.glob(f"{NEIGHBOUR_PREFIX}*"):
-            owner = stale.name.removeprefix(NEIGHBOUR_PREFIX).split("-")[0]
-            if owner.isdigit() and not alive(int(owner)):
-                with contextlib.suppress(CgroupError):
-                    Cgroup(self.layout, stale.name).remove(timeout_s=1.0)
+        for stale in orphaned(self.layout.cpu_root, NEIGHBOUR_PREFIX):
+            with contextlib.suppress(CgroupError):
+                Cgroup(self.layout, stale.name).remove(timeout_s=1.0)
 
     @property
     def pids(self) -> list[int]:
