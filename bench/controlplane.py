@@ -50,20 +50,18 @@ def _timed_build(env: dict[str, str]) -> float:
                 os.environ[key] = value
 
 
-def _timed_download(modcache: Path) -> float:
-    """``go mod download`` of controlplane/'s graph into an empty module cache."""
+def _go(modcache: Path, *args: str, check: bool = True) -> None:
+    """``go ARGS`` in controlplane/, with ``modcache`` as the module cache."""
     go = shutil.which("go") or "/usr/local/go/bin/go"
     env = {**os.environ, "GOMODCACHE": str(modcache), "GOFLAGS": "-mod=readonly"}
+    subprocess.run([go, *args], cwd=source(), env=env, check=check)
+
+
+def _timed_download(modcache: Path) -> float:
+    """``go mod download`` of controlplane/'s graph into an empty module cache."""
     started = time.monotonic()
-    subprocess.run([go, "mod", "download"], cwd=source(), env=env, check=True)
+    _go(modcache, "mod", "download")
     return time.monotonic() - started
-
-
-def _drop_modcache(modcache: Path) -> None:
-    """The module cache's files are read-only: ``go clean -modcache`` removes them."""
-    go = shutil.which("go") or "/usr/local/go/bin/go"
-    env = {**os.environ, "GOMODCACHE": str(modcache)}
-    subprocess.run([go, "clean", "-modcache"], cwd=source(), env=env, check=False)
 
 
 def main() -> None:
@@ -84,7 +82,7 @@ def main() -> None:
                 out["cold_s"] = round(_timed_build(cold), 1)
                 print(f"cold build: {out['cold_s']} s", flush=True)
             finally:
-                _drop_modcache(modcache)
+                _go(modcache, "clean", "-modcache", check=False)  # its files are read-only
                 shutil.rmtree(fresh / "gocache", ignore_errors=True)
         out["link_only_s"] = round(_timed_build({"UNTHROTTLE_CACHE": str(fresh / "link")}), 1)
         print(f"link-only build: {out['link_only_s']} s", flush=True)
