@@ -16,19 +16,15 @@ quotes the table.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
-import os
 import platform
-import signal
-import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from unthrottle.cgroups import detect_layout
+from unthrottle.devtools.processes import foreign_hogs
 from unthrottle.lab import LabOptions, run_run
 from unthrottle.model.scenario import parse_scenario
 
@@ -37,23 +33,6 @@ SCENARIO = parse_scenario({
     "workload": {"kind": "serial", "task_cpu_ms": 30, "workers": 1, "tasks": 100},
     "runs": [{"cpus": 0.5}, {"cpus": 0.5, "period_ms": 10}],
 })  # fmt: skip
-
-
-@contextlib.contextmanager
-def hogs(count: int) -> Iterator[None]:
-    """CPU hogs that are not this process's descendants, killed by PID afterwards."""
-    spin = f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 </dev/null"
-    pids = []
-    try:
-        for _ in range(count):
-            out = subprocess.run(["sh", "-c", f"{spin} & echo $!"], capture_output=True,
-                                 text=True, check=True, timeout=10)  # fmt: skip
-            pids.append(int(out.stdout))
-        yield
-    finally:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
 
 
 BESIDE = {0: "nothing", 1: "one idle-priority hog", 2: "two idle-priority hogs"}
@@ -66,7 +45,7 @@ def measure(repeats: int) -> list[dict[str, Any]]:
     for count, beside in BESIDE.items():
         for spec in SCENARIO.runs:
             for _ in range(repeats):
-                with hogs(count):
+                with foreign_hogs(count):
                     stat = run_run(workload, spec, layout, options).stat
                 rows.append({
                     "period_ms": spec.bandwidth().period_us / 1000,

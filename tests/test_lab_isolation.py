@@ -3,9 +3,7 @@ measures, and are back where they were afterwards (root, real cgroups)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -15,6 +13,7 @@ import pytest
 
 from conftest import cpu_cgroup_of
 from unthrottle.cgroups import Cgroup, Layout
+from unthrottle.devtools.processes import foreign_hogs
 from unthrottle.lab.isolation import PREFIX, Isolation
 
 pytestmark = pytest.mark.kernel
@@ -22,18 +21,9 @@ pytestmark = pytest.mark.kernel
 
 @pytest.fixture
 def hogs() -> Iterator[list[int]]:
-    """Two CPU hogs that are not this process's descendants (started through a shell that
-    exits at once, so they are reparented), as another program's would be."""
-    hog = f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 </dev/null"
-    out = subprocess.run(["sh", "-c", f"for i in 1 2; do {hog} & echo $!; done"],
-                         capture_output=True, text=True, check=True, timeout=10)  # fmt: skip
-    pids = [int(p) for p in out.stdout.split()]
-    try:
+    """Two CPU hogs that are not this process's descendants, as another program's would be."""
+    with foreign_hogs(2) as pids:
         yield pids
-    finally:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
 
 
 def spin_share(layout: Layout, seconds: float) -> float:
