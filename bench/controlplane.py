@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from unthrottle.devtools.kube import ControlPlane, ensure_built
-from unthrottle.devtools.kube.build import source
+from unthrottle.devtools.kube.build import go_binary, source
 
 RESULTS = Path(__file__).resolve().parent / "results" / "controlplane.json"
 
@@ -52,9 +52,8 @@ def _timed_build(env: dict[str, str]) -> float:
 
 def _go(modcache: Path, *args: str, check: bool = True) -> None:
     """``go ARGS`` in controlplane/, with ``modcache`` as the module cache."""
-    go = shutil.which("go") or "/usr/local/go/bin/go"
     env = {**os.environ, "GOMODCACHE": str(modcache), "GOFLAGS": "-mod=readonly"}
-    subprocess.run([go, *args], cwd=source(), env=env, check=check)
+    subprocess.run([go_binary(), *args], cwd=source(), env=env, check=check)
 
 
 def _timed_download(modcache: Path) -> float:

@@ -26,7 +26,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["BINARIES", "Binaries", "BuildError", "ensure_built", "kubernetes_version", "source"]
+__all__ = ["BINARIES", "Binaries", "BuildError", "ensure_built", "go_binary", "kubernetes_version",
+           "source"]  # fmt: skip
 
 # binary name → Go package (a main package of a module go.mod requires, or ours)
 BINARIES: dict[str, str] = {
@@ -85,7 +86,8 @@ def kubernetes_version(src: Path | None = None) -> str:
     return found.group(1)
 
 
-def _go() -> str:
+def go_binary() -> str:
+    """The ``go`` command: on the PATH, else Go's default install folder."""
     go = shutil.which("go") or ("/usr/local/go/bin/go" if Path("/usr/local/go/bin/go").exists()
                                 else None)  # fmt: skip
     if go is None:
@@ -173,7 +175,7 @@ def _build(src: Path, go: str, out: Path) -> None:
 def ensure_built() -> Binaries:
     """The binaries for this checkout, built first when the cache has none."""
     src = source()
-    go = _go()
+    go = go_binary()
     final = _cache_root() / "controlplane" / _key(src, go)
     if (final / "version").is_file():
         return Binaries(final)
