@@ -222,8 +222,11 @@ def test_a_thread_stalled_for_whole_windows_brings_its_wait_when_it_runs(
     # Most 50 ms reads see no new wait (stalled, or running); the stalls land whole.
     assert sum(step == 0 for step in steps) >= 30, steps
     # After each refill the stall arrived at once, nearly all of it from before the 50 ms
-    # span (the first stall is shorter: the thread began mid-period); other waits are
-    # short ones, within their span.
+    # span; other waits are short ones, within their span. The first stall is as long as
+    # what was left of the period the thread joined in, anything from none to 900 ms (a
+    # CI run saw 98 ms), so only the later ones are whole: 900 ms, less the part inside
+    # the span. At least one is, as the first refill comes within 1 s of the start.
     jumps = [r.earlier_us for r in readings if r.earlier_us > 5_000]
-    assert len(jumps) >= 2 and all(jump >= 100_000 for jump in jumps), readings
-    assert 800_000 <= jumps[-1] <= 900_000, jumps
+    assert jumps and all(jump <= 900_000 for jump in jumps), readings
+    assert jumps[-1] >= 800_000, jumps
+    assert all(jump >= 800_000 for jump in jumps[1:]), jumps
