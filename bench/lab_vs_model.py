@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from unthrottle.cfs.figures import CpuStatDelta, Latency, RunFigures
-from unthrottle.lab.agreement import RunAgreement, agreement
+from unthrottle.lab.agreement import RunAgreement, agreement, cfs_latency
 from unthrottle.lab.noise import OtherLoad
 from unthrottle.model.scenario import load_scenario
 
@@ -109,6 +109,7 @@ def table(found: list[RunAgreement]) -> str:
              "| agrees |", "|---|---|---|---|---|---|"]  # fmt: skip
     for a in found:
         ms, ps = [c.measured for c in a.comparisons], [c.predicted for c in a.comparisons]
+        lab = [cfs_latency(m) for m in ms]  # less what the host took, as compared
         verdict = "yes" if a.agrees else "**no**: " + "; ".join(
             m for c in a.comparisons for m in c.misses)  # fmt: skip
         if a.spec.cpus is None:
@@ -120,8 +121,8 @@ def table(found: list[RunAgreement]) -> str:
             verdict += f" ({', '.join(widened)}, from the scenario file)"
         lines.append(
             f"| {a.scenario} | {a.spec.label()} "
-            f"| {_span([m.latency.p50 for m in ms], 1)} / {_span([p.latency.p50 for p in ps], 1)} "
-            f"| {_span([m.latency.p95 for m in ms], 1)} / {_span([p.latency.p95 for p in ps], 1)} "
+            f"| {_span([m.p50 for m in lab], 1)} / {_span([p.latency.p50 for p in ps], 1)} "
+            f"| {_span([m.p95 for m in lab], 1)} / {_span([p.latency.p95 for p in ps], 1)} "
             f"| {_span([m.stat.throttle_ratio for m in ms], 2)} / "
             f"{_span([p.stat.throttle_ratio for p in ps], 2)} | {verdict} |"
         )

@@ -236,6 +236,26 @@ QUOTES: list[Quote] = [
      fresh_machine_minutes),
     ("README.md", "prints the line once all are ready (about {} s)",
      lambda: number(results("controlplane.json")["start_median_s"])),
+    # what the host takes from a lab run (§3, docs/model.md)
+    ("docs/benchmarks.md", "the host took at least 1 ms from **{}** runs", lambda: (
+        f"{results('host-steal.json')['runs_the_host_took_from']} of "
+        f"{len(results('host-steal.json')['runs'])}")),
+    ("docs/benchmarks.md", "Their p95 as measured: {}; less",
+     lambda: span(results("host-steal.json")["p95_ms_of_those"], 1, " ms")),
+    ("docs/benchmarks.md", "less what was lost: {}, against",
+     lambda: span(results("host-steal.json")["p95_less_lost_ms_of_those"], 1, " ms")),
+    ("docs/benchmarks.md", "against the model's {} (0.25 CPU)",
+     lambda: number(results("host-steal.json")["model_p95_ms"]["0.25 CPU"], 1)),
+    ("docs/benchmarks.md", "and {} (with the burst)",
+     lambda: number(results("host-steal.json")["model_p95_ms"]["0.25 CPU, 25 ms burst"], 1)),
+    ("docs/benchmarks.md", "is at most {} ms from the model's",
+     lambda: number(results("host-steal.json")["p95_less_lost_farthest_from_model_ms"], 1)),
+    ("docs/benchmarks.md", "The worst task took {} ms for 20 ms",
+     lambda: number(results("host-steal.json")["worst_task_ms"], 1)),
+    ("docs/model.md", "tasks measured p95 up to {} ms",
+     lambda: number(max(results("host-steal.json")["p95_ms_of_those"]), 1)),
+    ("docs/model.md", "and at most {} ms less what was lost",
+     lambda: number(max(results("host-steal.json")["p95_less_lost_ms_of_those"]), 1)),
     # the model's speed: §1 and README
     ("README.md", "of 100 ms periods takes {};", lambda: model_speed(2)),
     ("docs/benchmarks.md", "median {} (7 runs", lambda: model_speed(3)),
@@ -553,6 +573,7 @@ SOURCES = {  # results file → the script that writes it, and the section that 
     "controlplane.json": ("bench/controlplane.py", 12),
     "inplace.json": ("bench/inplace.py", 13),
     "simulate-speed.json": ("bench/simulate_speed.py", 1),
+    "host-steal.json": ("bench/host_steal.py", 3),
 }
 
 

@@ -109,3 +109,17 @@ def print_table(title: str, rows: Sequence[tuple[Scenario, Sequence[RunFigures]]
     console = Console(emoji=False, highlight=False)
     console.width = max(console.width, 180)  # the table is wide; let it be
     console.print(figures_table(title, rows))
+    for line in lost_notes(rows):
+        console.print(Text(line))
+
+
+def lost_notes(rows: Sequence[tuple[Scenario, Sequence[RunFigures]]]) -> list[str]:
+    """A line for each lab run the host took from (steal time, lab/worker.py)."""
+    out = []
+    for scenario, runs in rows:
+        for spec, fig in zip(scenario.runs, runs, strict=True):
+            lost, less = fig.extra.get("lost_ms") or 0.0, fig.extra.get("latency_less_lost_ms")
+            if lost >= 1.0 and less:
+                out.append(f"{scenario.name} / {spec.label()}: the host took {lost:.0f} ms from "
+                           f"its tasks (steal); p95 {less['p95']:.1f} ms without it")  # fmt: skip
+    return out

@@ -211,7 +211,7 @@ def _measure(
             before = dataclasses.replace(cgroup.read_stat(), wait_us=waits.wait_us())
             wakeups: list[int] = []
             try:
-                latencies_ns, end = _DRIVERS[workload.kind](workers, workload, t0, wakeups)
+                tasks, end = _DRIVERS[workload.kind](workers, workload, t0, wakeups)
             finally:
                 if sampler is not None:
                     sampler.stop()
@@ -231,9 +231,10 @@ def _measure(
     delta = _within_span(after - before, grid_ns, bandwidth.period_us * 1000, end, read_at)
     hz = kernel_hz()
     tick_ns = 1_000_000_000 // hz if hz else None
+    less_lost = Latency.of([(t.latency_ns - t.lost_ns) / 1e6 for t in tasks])
     figures = RunFigures(
         limit=run.as_given(),
-        latency=Latency.of([v / 1e6 for v in latencies_ns]),
+        latency=Latency.of([t.latency_ns / 1e6 for t in tasks]),
         wall_ms=(end - t0) / 1e6,
         stat=CpuStatDelta(
             nr_periods=delta.nr_periods,
@@ -257,6 +258,13 @@ def _measure(
             "isolated": isolation.moved if isinstance(isolation, Isolation) else None,
             # Were the workers each on a CPU of their own (LabOptions.pin)?
             "pinned": pinned,
+            # What the tasks lost to the host (steal: neither running nor waiting for a
+            # CPU, worker.py), summed, and the latencies without it, which are what the
+            # kernel's CFS made of the run (lab.agreement compares the model with these).
+            "lost_ms": round(sum(t.lost_ns for t in tasks) / 1e6, 3),
+            "latency_less_lost_ms": {
+                name: round(getattr(less_lost, name), 3) for name in ("p50", "p95", "p99", "max")
+            },
         },
     )
     return figures, (sampler.samples() if sampler is not None else None)
@@ -339,46 +347,54 @@ def _start_time(bandwidth: Bandwidth, grid_ns: int | None, phase_us: int) -> int
     return grid_ns + boundaries * period_ns + (phase_us * 1000) % period_ns
 
 
-# --- one driver per workload kind: returns (latencies ns, end of the last task ns) -----------
+# --- one driver per workload kind: returns (each task's timing, end of the last task ns) ----
+
+
+@dataclass(frozen=True, slots=True)
+class Timed:
+    """One task's (or batch round's) latency, and how much of it was lost to the host."""
+
+    latency_ns: int
+    lost_ns: int
 
 
 def _serial(
     workers: Workers, workload: Workload, t0: int, wakeups: list[int]
-) -> tuple[list[int], int]:
+) -> tuple[list[Timed], int]:
     for index in range(workload.workers):
         workers.send(
             index,
             f"serial {t0} {workload.tasks} {workload.task_cpu_us * 1000} "
             f"{workload.think_us * 1000}",
         )
-    latencies, end = [], t0
+    timed, end = [], t0
     for index in range(workload.workers):
         words = workers.read(index)
         if words[:1] != ["done"]:
             raise LabError(f"worker {index}: unexpected reply {words[:3]}")
         times = [int(w) for w in words[1:]]
-        for k in range(0, len(times), 3):
-            due, began, stop = times[k : k + 3]
-            latencies.append(stop - due)
+        for k in range(0, len(times), 4):
+            due, began, stop, lost = times[k : k + 4]
+            timed.append(Timed(stop - due, lost))
             end = max(end, stop)
             if workload.think_us and k:  # it slept before this task
                 wakeups.append(began - due)
-    return latencies, end
+    return timed, end
 
 
-def _end_of(workers: Workers, index: int, sent: int, wakeups: list[int]) -> int:
-    """Read a task's end; record how long after ``sent`` the worker began."""
+def _end_of(workers: Workers, index: int, sent: int, wakeups: list[int]) -> tuple[int, int]:
+    """Read a task's end and what it lost; record how long after ``sent`` the worker began."""
     words = workers.read(index)
     if words[:1] != ["end"]:
         raise LabError(f"worker {index}: unexpected reply {words}")
     wakeups.append(max(0, int(words[2]) - sent))
-    return int(words[1])
+    return int(words[1]), int(words[3])
 
 
 def _batch(
     workers: Workers, workload: Workload, t0: int, wakeups: list[int]
-) -> tuple[list[int], int]:
-    latencies = []
+) -> tuple[list[Timed], int]:
+    timed = []
     start = t0
     end = t0
     cpu_ns = workload.task_cpu_us * 1000
@@ -390,24 +406,28 @@ def _batch(
             start = max(end + think_ns, time.monotonic_ns())
         for index in range(workload.workers):
             workers.send(index, f"task {cpu_ns} {start}")
-        end = max(_end_of(workers, i, start, wakeups) for i in range(workload.workers))
-        latencies.append(end - start)
-    return latencies, end
+        ends = [_end_of(workers, i, start, wakeups) for i in range(workload.workers)]
+        end = max(stop for stop, _ in ends)
+        # The round without what the host took: when it would have ended had no worker
+        # lost anything (the last worker then may be another one).
+        unlost = max(stop - lost for stop, lost in ends)
+        timed.append(Timed(end - start, end - unlost))
+    return timed, end
 
 
 def _open(
     workers: Workers, workload: Workload, t0: int, wakeups: list[int]
-) -> tuple[list[int], int]:
+) -> tuple[list[Timed], int]:
     arrivals = [t0 + round(a * 1000) for a in workload.arrivals_us()]
     cpu_ns = workload.task_cpu_us * 1000
     queue: collections.deque[int] = collections.deque()
     idle = list(range(workload.workers))
     serving: dict[int, int] = {}
     sent: dict[int, int] = {}
-    latencies: list[int] = []
+    timed: list[Timed] = []
     end = t0
     next_arrival = 0
-    while len(latencies) < len(arrivals):
+    while len(timed) < len(arrivals):
         now = time.monotonic_ns()
         while next_arrival < len(arrivals) and arrivals[next_arrival] <= now:
             queue.append(arrivals[next_arrival])
@@ -421,12 +441,14 @@ def _open(
         if next_arrival < len(arrivals):
             timeout = max(0.0, (arrivals[next_arrival] - time.monotonic_ns()) / 1e9)
         for index in workers.ready(timeout):
-            stop = _end_of(workers, index, sent.pop(index), wakeups)
-            latencies.append(stop - serving.pop(index))
+            stop, lost = _end_of(workers, index, sent.pop(index), wakeups)
+            # What a task lost delays the tasks queued behind it too: not taken out of
+            # theirs (an approximation; the host's spells are rare and short here).
+            timed.append(Timed(stop - serving.pop(index), lost))
             end = max(end, stop)
             idle.append(index)
             idle.sort()
-    return latencies, end
+    return timed, end
 
 
 _DRIVERS = {Kind.SERIAL: _serial, Kind.BATCH: _batch, Kind.OPEN: _open}

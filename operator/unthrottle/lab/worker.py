@@ -8,11 +8,12 @@ times in CLOCK_MONOTONIC nanoseconds (shared by every process on the host):
 command                            reply
 =================================  ===========================================
 (at start)                         ``ready PID``
-``serial T0 N CPU THINK``          ``done S1 B1 E1 S2 B2 E2 …`` once all N tasks
-                                   end: task k is due (S) at T0 (k = 1) or at the
-                                   end of task k-1 plus THINK, sleeping until then;
-                                   B is when it began running, E when it ended
-``task CPU AT``                    ``end E B`` (sleeps until AT if AT > now)
+``serial T0 N CPU THINK``          ``done S1 B1 E1 L1 S2 B2 E2 L2 …`` once all N
+                                   tasks end: task k is due (S) at T0 (k = 1) or
+                                   at the end of task k-1 plus THINK, sleeping
+                                   until then; B is when it began running, E when
+                                   it ended, L what it lost (below)
+``task CPU AT``                    ``end E B L`` (sleeps until AT if AT > now)
 ``calibrate LIMIT``                ``stall S R``: burns until it is stopped for
                                    over 1 ms (the quota ran out) and reports
                                    when it stopped and when it resumed, or
@@ -22,6 +23,15 @@ command                            reply
 
 A task burns CPU until this thread's CPU clock has advanced by CPU ns, so time
 spent throttled or preempted does not count as work done.
+
+**Lost time (L).** Between B and E the thread either ran (its CPU clock), waited in
+a run queue (its schedstat run delay: throttled, or behind other threads), or
+neither: the hypervisor took the virtual CPU while the thread was on it (steal
+time, which the guest's clocks for CPU time and for the quota leave out), or the
+process was stopped. On a KVM guest here, steal comes in spells of a few seconds,
+in which 20 ms tasks took twice as long with no throttle and no wait
+(docs/benchmarks.md §3). L is that third part, so the lab can tell what CFS
+did from what the machine's host did. It is 0 where schedstat is missing.
 """
 
 from __future__ import annotations
@@ -31,6 +41,37 @@ import sys
 import time
 
 STALL_NS = 1_000_000
+SCHEDSTAT = "/proc/thread-self/schedstat"
+
+
+class Clocks:
+    """This thread's run delay (schedstat's second field, ns), read through a kept fd."""
+
+    def __init__(self) -> None:
+        try:
+            self.fd: int | None = os.open(SCHEDSTAT, os.O_RDONLY)
+        except OSError:  # no schedstat (CONFIG_SCHED_INFO off): nothing is counted lost
+            self.fd = None
+
+    def waited_ns(self) -> int:
+        """Run delay so far, ns (0 without schedstat)."""
+        if self.fd is None:
+            return 0
+        return int(os.pread(self.fd, 64, 0).split()[1])
+
+    def task(self, cpu_ns: int) -> tuple[int, int, int]:
+        """Burn ``cpu_ns``; (began, ended, lost ns): lost is the wall time that was
+        neither this thread's CPU time nor its run delay (0 without schedstat)."""
+        waited0 = self.waited_ns()
+        cpu0 = time.thread_time_ns()
+        began = time.monotonic_ns()
+        burn(cpu_ns)
+        ended = time.monotonic_ns()
+        cpu1 = time.thread_time_ns()
+        waited1 = self.waited_ns()
+        if self.fd is None:
+            return began, ended, 0
+        return began, ended, max(0, (ended - began) - (cpu1 - cpu0) - (waited1 - waited0))
 
 
 def burn(cpu_ns: int) -> None:
@@ -60,16 +101,14 @@ def calibrate(limit_ns: int) -> tuple[int, int]:
     return 0, 0
 
 
-def serial(t0: int, n: int, cpu_ns: int, think_ns: int) -> list[int]:
-    """Run n tasks back to back; return (due, began, ended) triples."""
+def serial(clocks: Clocks, t0: int, n: int, cpu_ns: int, think_ns: int) -> list[int]:
+    """Run n tasks back to back; return (due, began, ended, lost) quadruples."""
     out = []
     start = t0
     for _ in range(n):
         sleep_until(start)
-        began = time.monotonic_ns()
-        burn(cpu_ns)
-        end = time.monotonic_ns()
-        out += [start, began, end]
+        began, end, lost = clocks.task(cpu_ns)
+        out += [start, began, end, lost]
         start = end + think_ns
     return out
 
@@ -83,6 +122,7 @@ def main() -> None:
         out.write(text.encode() + b"\n")
         out.flush()
 
+    clocks = Clocks()
     reply(f"ready {os.getpid()}")
     for raw in inp:
         words = raw.split()
@@ -91,14 +131,13 @@ def main() -> None:
         cmd = words[0]
         args = [int(w) for w in words[1:]]
         if cmd == b"serial":
-            times = serial(*args)
+            times = serial(clocks, *args)
             reply("done " + " ".join(map(str, times)))
         elif cmd == b"task":
             cpu_ns, at_ns = args
             sleep_until(at_ns)
-            began = time.monotonic_ns()
-            burn(cpu_ns)
-            reply(f"end {time.monotonic_ns()} {began}")
+            began, ended, lost = clocks.task(cpu_ns)
+            reply(f"end {ended} {began} {lost}")
         elif cmd == b"calibrate":
             stopped, resumed = calibrate(args[0])
             reply(f"stall {stopped} {resumed}")
