@@ -27,19 +27,13 @@ from unthrottle.cfs.tasks import Machine, simulate_tasks
 from unthrottle.cgroups import detect_layout
 from unthrottle.lab import LabOptions, run_run
 from unthrottle.lab.agreement import cfs_latency
-from unthrottle.lab.noise import OtherLoad
+from unthrottle.lab.noise import OtherLoad, steal_ms
 from unthrottle.model.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "scenarios" / "seed-002-burst.yaml"
 LOST_MS = 1.0
 """A run that lost at least this much to the host counts as one the host took from."""
-
-
-def steal_ms(stat: Path = Path("/proc/stat")) -> float:
-    """Steal time the kernel counted on all CPUs so far, ms."""
-    line = stat.read_text().split("\n", 1)[0].split()
-    return int(line[8]) * 1000 / os.sysconf("SC_CLK_TCK")
 
 
 def measure(repeats: int) -> dict[str, Any]:

@@ -39,7 +39,8 @@ def _kernel_layout() -> tuple[Layout | None, str]:
 
 
 KERNEL_LAYOUT, KERNEL_MISSING = _kernel_layout()
-pytest_plugins = ["missing"]  # CI=true fails a skip for what the project installs; skip counts
+pytest_plugins = ["missing", "steal"]  # CI=true fails skips for what make installs; skip
+# counts; and the host's steal time per test and over the run
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

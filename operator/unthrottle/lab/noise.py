@@ -30,6 +30,13 @@ def _machine_busy_s(stat: Path) -> float:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+def steal_ms(stat: Path = Path("/proc/stat")) -> float:
+    """Steal time the kernel has counted on all CPUs so far, ms: time a virtual CPU was
+    ready to run and the host ran something else (0 on bare metal)."""
+    fields = stat.read_text().split("\n", 1)[0].split()
+    return int(fields[8]) * 1000 / os.sysconf("SC_CLK_TCK") if len(fields) > 8 else 0.0
+
+
 def _own_cpu_s() -> float:
     """CPU seconds of this process and of every child it has reaped."""
     total = 0.0
