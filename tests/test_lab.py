@@ -14,6 +14,7 @@ import pytest
 from helpers import worker_pids
 from unthrottle.cgroups import Layout
 from unthrottle.lab import LabOptions, run_scenario
+from unthrottle.lab.agreement import cfs_latency
 from unthrottle.model.scenario import parse_scenario
 
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
@@ -58,9 +59,10 @@ def test_a_batch_waits_its_think_time_between_rounds(layout: Layout) -> None:
     for fig in (free, limited):  # 4 gaps of 60 ms: sleeping is never shorter, whatever the load
         assert fig.wall_ms >= 4 * 60 + 5 * 8
     # The other processes at idle priority, a round comes on time (437 ms was seen beside
-    # two hogs without isolation).
-    assert free.wall_ms < 4 * 60 + 5 * 8 + 150
-    assert free.latency.max < 60  # the idle time between rounds is not a round's latency
+    # two hogs without isolation); less what the host took (steal: lab/worker.py).
+    assert free.wall_ms - free.extra["lost_ms"] < 4 * 60 + 5 * 8 + 150
+    # the idle time between rounds is not a round's latency
+    assert cfs_latency(free).max < 60
 
 
 @pytest.mark.kernel
