@@ -26,14 +26,12 @@ from typing import Any
 from unthrottle.cfs.tasks import Machine, simulate_tasks
 from unthrottle.cgroups import detect_layout
 from unthrottle.lab import LabOptions, run_run
-from unthrottle.lab.agreement import cfs_latency
+from unthrottle.lab.agreement import LOST_NOTED_MS, cfs_latency
 from unthrottle.lab.noise import OtherLoad, steal_ms
 from unthrottle.model.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "scenarios" / "seed-002-burst.yaml"
-LOST_MS = 1.0
-"""A run that lost at least this much to the host counts as one the host took from."""
 
 
 def measure(repeats: int) -> dict[str, Any]:
@@ -61,7 +59,7 @@ def measure(repeats: int) -> dict[str, Any]:
                     "steal_ms": round(steal_ms() - before, 1),
                     "throttled": f"{figures.stat.nr_throttled} of {figures.stat.nr_periods}",
                 })  # fmt: skip
-    took = [r for r in runs if r["lost_ms"] >= LOST_MS]
+    took = [r for r in runs if r["lost_ms"] >= LOST_NOTED_MS]
     off = [abs(r["p95_less_lost_ms"] - model[r["run"]]) for r in runs]
     return {
         "model_p95_ms": {label: round(p95, 1) for label, p95 in model.items()},

@@ -41,10 +41,9 @@ _FIGURE_KEYS = {"limit", "latency_ms", "wall_ms", "nr_periods", "nr_throttled", 
 
 def figures_from_json(run: dict[str, Any]) -> RunFigures:
     """A run as `lab run --json` printed it, back into figures."""
-    lat = run["latency_ms"]
     return RunFigures(
         limit=dict(run["limit"]),
-        latency=Latency(lat["p50"], lat["p95"], lat["p99"], lat["max"]),
+        latency=Latency.from_json(run["latency_ms"]),
         wall_ms=float(run["wall_ms"]),
         stat=CpuStatDelta(
             nr_periods=int(run["nr_periods"]),

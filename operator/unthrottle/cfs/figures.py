@@ -41,6 +41,16 @@ class Latency:
             max=max(latencies_ms),
         )
 
+    def to_json(self) -> dict[str, float]:
+        """``{"p50", "p95", "p99", "max"}`` in ms, to the µs: the shape runs print."""
+        return {"p50": round(self.p50, 3), "p95": round(self.p95, 3),
+                "p99": round(self.p99, 3), "max": round(self.max, 3)}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, data: dict[str, float]) -> Latency:
+        """Back from :meth:`to_json`'s shape."""
+        return cls(p50=data["p50"], p95=data["p95"], p99=data["p99"], max=data["max"])
+
 
 @dataclass(frozen=True, slots=True)
 class CpuStatDelta:
@@ -83,12 +93,7 @@ class RunFigures:
         """The shape `lab run --json` and `simulate --json` both print."""
         return {
             "limit": self.limit,
-            "latency_ms": {
-                "p50": round(self.latency.p50, 3),
-                "p95": round(self.latency.p95, 3),
-                "p99": round(self.latency.p99, 3),
-                "max": round(self.latency.max, 3),
-            },
+            "latency_ms": self.latency.to_json(),
             "wall_ms": round(self.wall_ms, 3),
             "nr_periods": self.stat.nr_periods,
             "nr_throttled": self.stat.nr_throttled,

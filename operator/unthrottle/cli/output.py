@@ -15,6 +15,7 @@ from rich.text import Text
 
 from unthrottle.cfs.figures import RunFigures
 from unthrottle.cli.text import cell, plain
+from unthrottle.lab.agreement import LOST_NOTED_MS, cfs_latency
 from unthrottle.lab.tune import TuneResult
 from unthrottle.model.scenario import Scenario
 
@@ -118,8 +119,9 @@ def lost_notes(rows: Sequence[tuple[Scenario, Sequence[RunFigures]]]) -> list[st
     out = []
     for scenario, runs in rows:
         for spec, fig in zip(scenario.runs, runs, strict=True):
-            lost, less = fig.extra.get("lost_ms") or 0.0, fig.extra.get("latency_less_lost_ms")
-            if lost >= 1.0 and less:
+            lost = fig.extra.get("lost_ms") or 0.0
+            if lost >= LOST_NOTED_MS:
+                without = cfs_latency(fig).p95
                 out.append(f"{scenario.name} / {spec.label()}: the host took {lost:.0f} ms from "
-                           f"its tasks (steal); p95 {less['p95']:.1f} ms without it")  # fmt: skip
+                           f"its tasks (steal); p95 {without:.1f} ms without it")  # fmt: skip
     return out

@@ -44,6 +44,8 @@ from unthrottle.cfs.workload import Workload
 from unthrottle.model.scenario import RunSpec, Scenario
 
 RATIO_TOLERANCE = 0.05
+LOST_NOTED_MS = 1.0
+"""What the host took from a run's tasks, ms, from which a verdict (and ``lab run``) says so."""
 LATENCY_TOLERANCE = 0.15
 LATENCY_FLOOR_MS = 3.0
 
@@ -66,9 +68,7 @@ def cfs_latency(measured: RunFigures) -> Latency:
     """The latency CFS made of a run: the lab's, less what the host took from each task
     (a measurement without that record, as saved before it was kept, as it is)."""
     less = measured.extra.get("latency_less_lost_ms")
-    if not less:
-        return measured.latency
-    return Latency(p50=less["p50"], p95=less["p95"], p99=less["p99"], max=less["max"])
+    return Latency.from_json(less) if less else measured.latency
 
 
 def latency_close(
@@ -141,7 +141,7 @@ class Comparison:
     def verdict(self) -> str:
         """``agrees``, or what disagrees; with what the host took, when it took any."""
         said = " and ".join(self.misses) or "agrees"
-        if self.lost_ms >= 1.0:
+        if self.lost_ms >= LOST_NOTED_MS:
             with_it = self.measured.latency.p95
             said += f" (host took {self.lost_ms:.0f} ms: p95 {with_it:.1f} ms with it)"
         return said

@@ -22,9 +22,15 @@ QUIET_CORES = 0.05
 idle Debian host measures 0.00–0.02 here. Reported, never a reason to skip."""
 
 
+def _all_cpus(stat: Path) -> list[int]:
+    """The first line of /proc/stat (all CPUs), in USER_HZ ticks: user, nice, system, idle,
+    iowait, irq, softirq, steal, guest, guest_nice (older kernels end earlier)."""
+    return [int(x) for x in stat.read_text().split("\n", 1)[0].split()[1:]]
+
+
 def _machine_busy_s(stat: Path) -> float:
     """CPU seconds the machine spent on anything but idle and iowait, steal included."""
-    fields = [int(x) for x in stat.read_text().split("\n", 1)[0].split()[1:]]
+    fields = _all_cpus(stat)
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
     # guest and guest_nice (fields 8, 9) are already counted in user and nice.
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
@@ -33,8 +39,8 @@ def _machine_busy_s(stat: Path) -> float:
 def steal_ms(stat: Path = Path("/proc/stat")) -> float:
     """Steal time the kernel has counted on all CPUs so far, ms: time a virtual CPU was
     ready to run and the host ran something else (0 on bare metal)."""
-    fields = stat.read_text().split("\n", 1)[0].split()
-    return int(fields[8]) * 1000 / os.sysconf("SC_CLK_TCK") if len(fields) > 8 else 0.0
+    fields = _all_cpus(stat)
+    return fields[7] * 1000 / os.sysconf("SC_CLK_TCK") if len(fields) > 7 else 0.0
 
 
 def _own_cpu_s() -> float:

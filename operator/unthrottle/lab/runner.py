@@ -262,9 +262,7 @@ def _measure(
             # CPU, worker.py), summed, and the latencies without it, which are what the
             # kernel's CFS made of the run (lab.agreement compares the model with these).
             "lost_ms": round(sum(t.lost_ns for t in tasks) / 1e6, 3),
-            "latency_less_lost_ms": {
-                name: round(getattr(less_lost, name), 3) for name in ("p50", "p95", "p99", "max")
-            },
+            "latency_less_lost_ms": less_lost.to_json(),
         },
     )
     return figures, (sampler.samples() if sampler is not None else None)
