@@ -123,7 +123,7 @@ def table(found: list[RunAgreement]) -> str:
             f"| {_span([m.p50 for m in lab], 1)} / {_span([p.latency.p50 for p in ps], 1)} "
             f"| {_span([m.p95 for m in lab], 1)} / {_span([p.latency.p95 for p in ps], 1)} "
             f"| {_span([m.stat.throttle_ratio for m in ms], 2)} / "
-            f"{_span([p.stat.throttle_ratio for p in ps], 2)} | {verdict} |"
+            f"{_span([r for c in a.comparisons for r in c.band], 2)} | {verdict} |"
         )
     return "\n".join(lines)
 

@@ -252,6 +252,16 @@ QUOTES: list[Quote] = [
      lambda: number(results("host-steal.json")["p95_less_lost_farthest_from_model_ms"], 1)),
     ("docs/benchmarks.md", "The worst task took {} ms for 20 ms",
      lambda: number(results("host-steal.json")["worst_task_ms"], 1)),
+    ("docs/benchmarks.md", "(below) throttled {} periods", lambda: (
+        span([int(r["throttled"].split()[0]) for r in results("host-steal.json")["runs"]
+              if r["run"] == "0.25 CPU"], 0) + " of " +
+        span([int(r["throttled"].split()[-1]) for r in results("host-steal.json")["runs"]
+              if r["run"] == "0.25 CPU"], 0))),
+    ("scenarios/seed-002-burst.yaml", "identical lab runs throttled # {} periods", lambda: (
+        span([int(r["throttled"].split()[0]) for r in results("host-steal.json")["runs"]
+              if r["run"] == "0.25 CPU"], 0).replace("–", " to ") + " of " +
+        span([int(r["throttled"].split()[-1]) for r in results("host-steal.json")["runs"]
+              if r["run"] == "0.25 CPU"], 0).replace("–", "-"))),
     ("docs/model.md", "tasks measured p95 up to {} ms",
      lambda: number(max(results("host-steal.json")["p95_ms_of_those"]), 1)),
     ("docs/model.md", "and at most {} ms less what was lost",

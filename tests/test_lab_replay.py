@@ -18,7 +18,7 @@ import pytest
 
 from conftest import ROOT, SCENARIOS
 from unthrottle.cli.output import lost_notes
-from unthrottle.lab.agreement import compare
+from unthrottle.lab.agreement import Comparison, compare
 from unthrottle.model.scenario import RunSpec, load_scenario
 
 sys.path.insert(0, str(ROOT / "bench"))
@@ -87,6 +87,46 @@ def test_a_knife_edge_run_says_so_in_its_scenario_file() -> None:
     assert latency == {("seed-004-open-pool", "0.6 CPU"): 0.30}
     source = Path(ROOT / "operator" / "unthrottle" / "lab" / "agreement.py").read_text()
     assert "seed-" not in source  # the product knows no scenario by name
+
+
+def test_a_ratio_decided_by_tenths_of_a_millisecond_is_held_to_the_models_band(
+    results: dict[str, Any],
+) -> None:
+    """The burst seed at 0.25 CPU, as a CI run measured it: 12 and 13 of 55 periods
+    throttled, where the model at that machine's median wake-up said 6. The model itself
+    gives 3 to 12 of 55 as the wake-up moves from 0 to 0.5 ms, so those agree with the
+    default tolerance; what an average says (no throttling) and what no band reaches
+    (a third of the periods) still miss."""
+    scenario = load_scenario(ROOT / "scenarios" / "seed-002-burst.yaml")
+    index, spec = next((i, r) for i, r in enumerate(scenario.runs) if not r.burst_ms)
+    assert spec.ratio_tolerance is None  # nothing widened in the file
+    entry = next(e for e in results["measurements"][0]["scenarios"] if e["name"] == scenario.name)
+    saved = lab_vs_model.figures_from_json(entry["runs"][index])
+    workload, cores = scenario.workload.to_workload(), int(results["cores"])
+    periods = saved.stat.nr_periods
+
+    def throttled(n: int, wakeup_ms: float = 0.3) -> Comparison:
+        stat = dataclasses.replace(saved.stat, nr_throttled=n)
+        extra = {**saved.extra, "wakeup_ms": wakeup_ms}
+        return compare(workload, spec, dataclasses.replace(saved, stat=stat, extra=extra), cores)
+
+    at_ci = throttled(12)
+    assert round(at_ci.predicted.stat.throttle_ratio * periods) == 6  # the point: a miss
+    assert [round(r * periods) for r in at_ci.band] == [3, 12]
+    assert at_ci.misses == [] and throttled(13).misses == []
+    assert throttled(0).misses == ["throttle ratio 0.000 vs 0.055–0.218 (±0.05)"]
+    assert throttled(periods // 3).misses
+
+
+def test_only_a_run_on_a_knifes_edge_has_a_band(results: dict[str, Any]) -> None:
+    """Every other seed run's ratio is the same over wake-ups from 0 to 0.5 ms, or within
+    the default tolerance (the open pool at 0.6 CPU): the band widens nothing else."""
+    found = lab_vs_model.agreements(results)
+    bands = {(a.scenario, a.spec.label()): round(c.band[1] - c.band[0], 3)
+             for a in found for c in a.comparisons if c.band[1] > c.band[0]}  # fmt: skip
+    assert bands.pop(("seed-002-burst", "0.25 CPU")) > 0.15
+    assert set(bands) == {("seed-004-open-pool", "0.6 CPU")}
+    assert all(width <= 0.05 for width in bands.values()), bands
 
 
 def test_the_docs_quote_the_table_of_the_saved_runs(results: dict[str, Any]) -> None:

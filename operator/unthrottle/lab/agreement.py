@@ -8,6 +8,15 @@ the given number of cores. The rules (docs/model.md, "Agreement"):
   never finer than one period of the measured run (a ratio over 10 periods moves
   in steps of 0.1: serial 5 ms at 0.5 CPU, ten quotas of work, measured 9 of 10
   and 10 of 11 periods throttled where the model says 10 of 10).
+  **Of the model's band over wake-ups.** The ratio is held to the range the model
+  gives for wake-up delays from 0 to 0.5 ms (``WAKEUP_BAND_US``), not to its value at
+  the measured median alone. Where a serial cycle is close to a whole number of
+  periods, which periods throttle is decided by tenths of a millisecond: the burst
+  seed's 93 ms cycle at 0.25 CPU gives 3 to 12 throttled periods of 55 as the
+  wake-up moves by 50 µs steps, and the kernel's identical runs spread as wide (4 to
+  13). A point prediction there agrees by chance; the band is what the model
+  predicts. Every other seed run's band is a point or within 0.05, so nothing else
+  is widened (``tests/test_lab_replay.py`` checks both).
 - **p50 and p95** within 15 % (or the run's ``latency_tolerance`` from the scenario
   file, for a run on a knife's edge) or 3 ms, whichever is wider, *plus what this
   machine adds without a limit*: the scenario's run without a limit measures the
@@ -44,6 +53,11 @@ from unthrottle.cfs.workload import Workload
 from unthrottle.model.scenario import RunSpec, Scenario
 
 RATIO_TOLERANCE = 0.05
+WAKEUP_BAND_US = 500
+"""The wake-ups over which the model's throttle ratio is taken, 0 to this, µs: the lab's
+measured medians are 0.09–0.18 ms (bench/results/lab-vs-model.json) and a single task's
+wake-up varies around its median by as much again."""
+WAKEUP_STEP_US = 50
 LOST_NOTED_MS = 1.0
 """What the host took from a run's tasks, ms, from which a verdict (and ``lab run``) says so."""
 LATENCY_TOLERANCE = 0.15
@@ -104,6 +118,16 @@ class Comparison:
     """The no-limit run: its p95 is the machine's, measured and not held to the model."""
     latency_tolerance: float = LATENCY_TOLERANCE
     """Share of the measured p50 and p95 the model may be off by (beside the 3 ms floor)."""
+    ratio_band: tuple[float, float] | None = None
+    """The model's lowest and highest throttle ratio over wake-ups (``WAKEUP_BAND_US``);
+    None: the prediction's ratio alone."""
+
+    @property
+    def band(self) -> tuple[float, float]:
+        """The throttle ratios the model predicts for this run, lowest and highest."""
+        ratio = self.predicted.stat.throttle_ratio
+        low, high = self.ratio_band or (ratio, ratio)
+        return min(low, ratio), max(high, ratio)
 
     @property
     def excess(self) -> Excess:
@@ -124,9 +148,11 @@ class Comparison:
         out = []
         # A ratio over n periods moves in steps of 1/n: it is compared to no finer than that.
         tolerance = max(self.ratio_tolerance, 1 / m.stat.nr_periods if m.stat.nr_periods else 0)
-        if abs(m.stat.throttle_ratio - p.stat.throttle_ratio) > tolerance + 1e-9:
-            out.append(f"throttle ratio {m.stat.throttle_ratio:.3f} vs {p.stat.throttle_ratio:.3f}"
-                       f" (±{tolerance:.3g})")  # fmt: skip
+        low, high = self.band
+        ratio = m.stat.throttle_ratio
+        if ratio < low - tolerance - 1e-9 or ratio > high + tolerance + 1e-9:
+            model = f"{low:.3f}" if high - low < 5e-4 else f"{low:.3f}–{high:.3f}"
+            out.append(f"throttle ratio {ratio:.3f} vs {model} (±{tolerance:.3g})")
         lat = self.latency_tolerance
         if not latency_close(latency.p50, p.latency.p50, self.machine.p50, lat):
             out.append(f"p50 {latency.p50:.1f} vs {p.latency.p50:.1f} ms"
@@ -155,7 +181,21 @@ def compare(workload: Workload, spec: RunSpec, measured: RunFigures, cores: int)
     predicted = simulate_tasks(workload, spec.bandwidth(), machine_like, limit=spec.as_given())
     tolerance = spec.ratio_tolerance or RATIO_TOLERANCE
     latency = spec.latency_tolerance or LATENCY_TOLERANCE
-    return Comparison(measured, predicted, tolerance, Excess(), spec.cpus is None, latency)
+    band = ratio_band(workload, spec, machine_like)
+    return Comparison(measured, predicted, tolerance, Excess(), spec.cpus is None, latency, band)
+
+
+def ratio_band(workload: Workload, spec: RunSpec, machine: Machine) -> tuple[float, float]:
+    """The model's lowest and highest throttle ratio for ``spec`` on ``machine`` as the
+    wake-up delay goes from 0 to ``WAKEUP_BAND_US`` (module docstring)."""
+    if spec.cpus is None:
+        return 0.0, 0.0
+    ratios = [
+        simulate_tasks(workload, spec.bandwidth(), dataclasses.replace(machine, wakeup_us=w),
+                       limit=spec.as_given()).stat.throttle_ratio
+        for w in range(0, WAKEUP_BAND_US + 1, WAKEUP_STEP_US)
+    ]  # fmt: skip
+    return min(ratios), max(ratios)
 
 
 def compare_repeat(scenario: Scenario, runs: Sequence[RunFigures], cores: int) -> list[Comparison]:
