@@ -66,13 +66,12 @@ def seconds(spread: dict[str, float]) -> str:
 # -- the figures, each computed in one place ---------------------------------------------
 
 
-def burst_throttled(between: str, between_periods: str) -> str:
+def burst_throttled() -> str:
     """``4–13 of 55–59``: throttled periods of the burst seed at 0.25 CPU over the identical
     runs of bench/host_steal.py, and how many periods they spanned."""
     counts = [r["throttled"].split() for r in results("host-steal.json")["runs"]
               if r["run"] == "0.25 CPU"]  # fmt: skip
-    throttled = span([int(c[0]) for c in counts], 0).replace("–", between)
-    return f"{throttled} of " + span([int(c[-1]) for c in counts], 0).replace("–", between_periods)
+    return f"{span([int(c[0]) for c in counts], 0)} of {span([int(c[-1]) for c in counts], 0)}"
 
 
 def agent_runs(
@@ -261,9 +260,9 @@ QUOTES: list[Quote] = [
      lambda: number(results("host-steal.json")["p95_less_lost_farthest_from_model_ms"], 1)),
     ("docs/benchmarks.md", "The worst task took {} ms for 20 ms",
      lambda: number(results("host-steal.json")["worst_task_ms"], 1)),
-    ("docs/benchmarks.md", "(below) throttled {} periods", lambda: burst_throttled("–", "–")),
-    ("scenarios/seed-002-burst.yaml", "identical lab runs throttled # {} periods",
-     lambda: burst_throttled(" to ", "-")),
+    ("docs/benchmarks.md", "(below) throttled {} periods", burst_throttled),
+    ("scenarios/seed-002-burst.yaml", "{} periods throttled (bench/results/host-steal.json)",
+     burst_throttled),
     ("docs/model.md", "tasks measured p95 up to {} ms",
      lambda: number(max(results("host-steal.json")["p95_ms_of_those"]), 1)),
     ("docs/model.md", "and at most {} ms less what was lost",

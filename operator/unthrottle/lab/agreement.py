@@ -111,6 +111,9 @@ class Comparison:
 
     measured: RunFigures
     predicted: RunFigures
+    band: tuple[float, float]
+    """The throttle ratios the model predicts for this run, lowest and highest: over
+    wake-ups from 0 to ``WAKEUP_BAND_US`` and at the measured one (``predicted``'s)."""
     ratio_tolerance: float = RATIO_TOLERANCE
     machine: Excess = Excess()
     """What this machine adds without a limit, from the scenario's no-limit run."""
@@ -118,16 +121,6 @@ class Comparison:
     """The no-limit run: its p95 is the machine's, measured and not held to the model."""
     latency_tolerance: float = LATENCY_TOLERANCE
     """Share of the measured p50 and p95 the model may be off by (beside the 3 ms floor)."""
-    ratio_band: tuple[float, float] | None = None
-    """The model's lowest and highest throttle ratio over wake-ups (``WAKEUP_BAND_US``);
-    None: the prediction's ratio alone."""
-
-    @property
-    def band(self) -> tuple[float, float]:
-        """The throttle ratios the model predicts for this run, lowest and highest."""
-        ratio = self.predicted.stat.throttle_ratio
-        low, high = self.ratio_band or (ratio, ratio)
-        return min(low, ratio), max(high, ratio)
 
     @property
     def excess(self) -> Excess:
@@ -181,8 +174,10 @@ def compare(workload: Workload, spec: RunSpec, measured: RunFigures, cores: int)
     predicted = simulate_tasks(workload, spec.bandwidth(), machine_like, limit=spec.as_given())
     tolerance = spec.ratio_tolerance or RATIO_TOLERANCE
     latency = spec.latency_tolerance or LATENCY_TOLERANCE
-    band = ratio_band(workload, spec, machine_like)
-    return Comparison(measured, predicted, tolerance, Excess(), spec.cpus is None, latency, band)
+    low, high = ratio_band(workload, spec, machine_like)
+    ratio = predicted.stat.throttle_ratio
+    band = min(low, ratio), max(high, ratio)
+    return Comparison(measured, predicted, band, tolerance, Excess(), spec.cpus is None, latency)
 
 
 def ratio_band(workload: Workload, spec: RunSpec, machine: Machine) -> tuple[float, float]:
