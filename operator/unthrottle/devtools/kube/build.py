@@ -183,7 +183,7 @@ def ensure_built() -> Binaries:
         if (final / "version").is_file():  # another run built them meanwhile
             return Binaries(final)
         _say(f"building Kubernetes {kubernetes_version(src)}, etcd and kwok into {final} "
-             "(from cold about 7 minutes on 2 cores; reused afterwards)")  # fmt: skip
+             "(from cold about 4 minutes on 2 cores; reused afterwards)")  # fmt: skip
         work = Path(tempfile.mkdtemp(prefix=".building-", dir=final.parent))
         try:
             (work / "bin").mkdir()
