@@ -60,6 +60,13 @@ def test_usage_plus_throttled_time_recovers_the_demand_that_usage_hides(
     assert from_truth.limit_millicores and from_throttled.limit_millicores
     assert from_usage.limit_millicores
     ratio = from_throttled.limit_millicores / from_truth.limit_millicores
-    assert 0.8 <= ratio <= 1.25
+    # On a miss, the windows say which run read off (a late reading under 1.5 periods is
+    # not scaled, and two such windows move this recommendation: see
+    # docs/benchmarks.md §3, "Late readings").
+    assert 0.8 <= ratio <= 1.25, (
+        f"{from_throttled.limit_millicores}m from the throttled run, "
+        f"{from_truth.limit_millicores}m from the truth; demand per window, ms: "
+        f"truth {(truth.demand_us // 1000).tolist()}, throttled {(seen.demand_us // 1000).tolist()}"
+    )
     # Sizing from usage alone would keep the limit where it is, and the throttling.
     assert from_usage.limit_millicores < 0.5 * from_truth.limit_millicores
