@@ -35,6 +35,12 @@ def task(workers: Workers, cpu_ms: int) -> tuple[float, float]:
     return (ended - began) / MS, lost / MS
 
 
+def run_delay_ms(pid: int) -> float:
+    """A single-threaded process's time waiting for a CPU so far (schedstat), ms."""
+    with open(f"/proc/{pid}/schedstat") as file:
+        return int(file.read().split()[1]) / MS
+
+
 def test_a_stopped_task_counts_what_it_lost() -> None:
     with Workers(1) as workers:
         pid = workers.pids[0]
@@ -49,12 +55,16 @@ def test_a_stopped_task_counts_what_it_lost() -> None:
         assert lost < 2, (latency, lost)
         stopper = threading.Thread(target=stop_for_a_while)
         stopper.start()
+        waited = run_delay_ms(pid)
         latency, lost = task(workers, 50)
+        waited = run_delay_ms(pid) - waited
         stopper.join()
-    print(latency, lost)
+    print(latency, lost, waited)
     assert latency >= 50 + 60
     assert 60 <= lost <= 70, (latency, lost)  # the 60 ms stop, and little more
-    assert latency - lost == pytest.approx(50, abs=5)  # what CFS had: the CPU time
+    # The rest is what CFS had: the CPU time, and the wait for a CPU behind other
+    # processes (beside a hog in CI the unpinned worker waited 48 ms of it).
+    assert latency - lost - waited == pytest.approx(50, abs=5), (latency, lost, waited)
 
 
 def test_a_throttled_task_lost_nothing(layout: Layout) -> None:
