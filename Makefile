@@ -72,10 +72,18 @@ browser:
 	  else echo "chromium is not installed and this is not root: the browser tests will be skipped"; fi; }
 
 ## The real Kubernetes control plane the tests and the demo start: kube-apiserver,
-## kube-controller-manager, kube-scheduler and kubectl from k8s.io/kubernetes, etcd and kwok,
-## built with Go from the module in controlplane/ into ~/.cache/unthrottle (outside the work
-## tree; $$UNTHROTTLE_CACHE moves it), and reused while go.mod, go.sum and Go are unchanged.
+## kube-controller-manager, kube-scheduler, kubectl and the kubelet from k8s.io/kubernetes,
+## etcd and kwok, built with Go from the module in controlplane/; and the real node's
+## containerd, runc, CNI plugins and pause from controlplane/node/ (runc links libseccomp:
+## Debian's libseccomp-dev, which root installs, with iproute2 for the node's bridge). Both
+## go to ~/.cache/unthrottle (outside the work tree; $$UNTHROTTLE_CACHE moves it), reused
+## while go.mod, go.sum and Go are unchanged.
 controlplane: $(STAMP)
+	@{ pkg-config --exists libseccomp 2>/dev/null && command -v ip >/dev/null; } || { \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      --no-install-recommends libseccomp-dev pkg-config iproute2 >/dev/null; \
+	  else echo "the real node's runc needs libseccomp-dev and pkg-config: install them as root"; fi; }
 	$(BIN)/python -m unthrottle.devtools.kube build >/dev/null
 
 ## Lint, types, architecture contracts, then the whole test suite.

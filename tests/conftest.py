@@ -22,7 +22,13 @@ import pytest
 from kube import Kube, fresh_name
 from missing import MISSING
 from unthrottle.cgroups import CgroupError, Layout, detect_layout
-from unthrottle.devtools.kube import BuildError, ControlPlane, ensure_built
+from unthrottle.devtools.kube import (
+    BuildError,
+    ControlPlane,
+    RealNode,
+    ensure_built,
+    ensure_node_built,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = sorted((ROOT / "scenarios").glob("seed-*.yaml"))
@@ -134,6 +140,22 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
         pytest.skip(f"{MISSING} the control plane cannot be built: {error}")
     with ControlPlane(tmp_path_factory.mktemp("control-plane"), binaries=binaries) as plane:
         yield plane
+
+
+@pytest.fixture(scope="session")
+def real_node(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+              ) -> Iterator[RealNode]:  # fmt: skip
+    """One real node joined to the control plane: containerd, runc and a kubelet built from
+    their Go modules (``make controlplane``), running real pods in real cgroups. Tainted:
+    only pods that tolerate ``REAL_NODE_TAINT`` land on it."""
+    if KERNEL_LAYOUT is None:
+        pytest.skip(f"{MISSING} the real node: {KERNEL_MISSING}")
+    try:
+        ensure_node_built()
+    except BuildError as error:
+        pytest.skip(f"{MISSING} the real node cannot be built: {error}")
+    with RealNode(control_plane, tmp_path_factory.mktemp("real-node")) as node:
+        yield node
 
 
 @pytest.fixture

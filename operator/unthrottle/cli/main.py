@@ -39,6 +39,7 @@ from unthrottle.cli.recommend_cmd import prometheus_rules_command, recommend_com
 from unthrottle.cli.report_cmd import report_command
 from unthrottle.cli.text import plain, styled
 from unthrottle.lab.kernel import kernel_hz
+from unthrottle.lab.looping import loop
 from unthrottle.lab.processes import LabError
 from unthrottle.lab.runner import LabOptions, run_scenario
 from unthrottle.lab.tune import tune
@@ -179,6 +180,31 @@ def lab_run(
                 print_json(scenario, runs)
     if not json:
         print_table(f"lab run on this kernel ({layout.version})", rows)
+
+
+@lab_app.command("workload")
+def lab_workload(
+    path: Annotated[Path, typer.Argument(help="A scenario file; its workload is what runs.")],
+    passes: Annotated[
+        int, typer.Option(min=0, help="Stop after this many passes (0: run until killed).")
+    ] = 0,
+    pause_ms: Annotated[
+        int, typer.Option(min=0, max=60_000, help="Idle time between passes, ms.")
+    ] = 400,
+) -> None:
+    """Run a scenario's workload over and over in this process's own cgroup (a container's),
+    one line per pass: the workload image's command on the real node."""
+    scenario = _load_all([path])[0]
+    previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    try:
+        loop(scenario.workload.to_workload(), passes=passes or None, pause_ms=pause_ms,
+             on_pass=lambda done: print(f"{scenario.name}: {done.line()}", flush=True))  # fmt: skip
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None  # a pod's normal end: the workers were killed with it
+    except LabError as error:
+        raise fail(str(error), 1) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @lab_app.command("tune")

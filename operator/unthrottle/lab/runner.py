@@ -450,3 +450,10 @@ def _open(
 
 
 _DRIVERS = {Kind.SERIAL: _serial, Kind.BATCH: _batch, Kind.OPEN: _open}
+
+
+def drive(workers: Workers, workload: Workload, t0: int) -> tuple[list[Timed], int]:
+    """One pass of the workload on ``workers``, starting at ``t0`` (CLOCK_MONOTONIC ns):
+    each task's (or batch round's) latency, and when the last ended. ``lab workload``
+    repeats it in a container's cgroup; a run measures one pass."""
+    return _DRIVERS[workload.kind](workers, workload, t0, [])

@@ -292,6 +292,11 @@ class ControlPlane:
             f"--service-account-signing-key-file={private}",
             f"--service-cluster-ip-range={SERVICE_RANGE}",
             "--allow-privileged=true",  # the node agent's DaemonSet mounts the host's cgroups
+            # A real node's kubelet (logs, exec, port-forward), reached at its address.
+            f"--kubelet-client-certificate={self.pki.kubelet_client[0]}",
+            f"--kubelet-client-key={self.pki.kubelet_client[1]}",
+            f"--kubelet-certificate-authority={self.pki.ca}",
+            "--kubelet-preferred-address-types=InternalIP",  # the node's, not a DNS name
             f"--cert-dir={self.folder / 'pki'}",
             "--v=1",
         ])  # fmt: skip

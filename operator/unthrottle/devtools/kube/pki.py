@@ -1,8 +1,11 @@
 """The control plane's keys and certificates, made fresh for each start (``cryptography``).
 
 One CA signs the API server's serving certificate (for 127.0.0.1, localhost and the
-in-cluster names) and the admin's client certificate (group ``system:masters``); an RSA
-key pair signs and checks service-account tokens. Nothing is reused between starts.
+in-cluster names), the admin's client certificate (group ``system:masters``), the API
+server's client certificate for kubelets (logs, exec, port-forward) and, for a real node,
+the kubelet's client certificate (``system:node:NAME`` in ``system:nodes``, as a kubelet
+has after its TLS bootstrap) and its serving certificate; an RSA key pair signs and
+checks service-account tokens. Nothing is reused between starts.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-__all__ = ["Pki", "make_pki"]
+__all__ = ["NodePki", "Pki", "make_node_pki", "make_pki"]
 
 _DAY = datetime.timedelta(days=1)
 
@@ -43,6 +46,14 @@ class Pki:
     @property
     def admin(self) -> tuple[Path, Path]:
         return self.folder / "admin.crt", self.folder / "admin.key"
+
+    @property
+    def kubelet_client(self) -> tuple[Path, Path]:
+        """The API server's client certificate for kubelets (group ``system:masters``)."""
+        return (
+            self.folder / "apiserver-kubelet-client.crt",
+            self.folder / "apiserver-kubelet-client.key",
+        )
 
     @property
     def service_accounts(self) -> tuple[Path, Path]:
@@ -111,6 +122,12 @@ def make_pki(folder: Path, *, service_ip: str) -> Pki:
     for (cert_path, key_path), subject, usage, names in (
         (pki.server, _name("kube-apiserver"), ExtendedKeyUsageOID.SERVER_AUTH, sans),
         (pki.admin, _name("admin", "system:masters"), ExtendedKeyUsageOID.CLIENT_AUTH, None),
+        (
+            pki.kubelet_client,
+            _name("kube-apiserver-kubelet-client", "system:masters"),
+            ExtendedKeyUsageOID.CLIENT_AUTH,
+            None,
+        ),
     ):
         key = ec.generate_private_key(ec.SECP256R1())
         cert = _signed(subject, key, ca_name, ca_key, usage=[usage], sans=names)
@@ -122,3 +139,49 @@ def make_pki(folder: Path, *, service_ip: str) -> Pki:
     _write(public, sa_key.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))  # fmt: skip
     return pki
+
+
+@dataclass(frozen=True)
+class NodePki:
+    """A real node's certificates, in a folder of its own."""
+
+    folder: Path
+
+    @property
+    def client(self) -> tuple[Path, Path]:
+        """The kubelet's client certificate: user ``system:node:NAME``, group ``system:nodes``."""
+        return self.folder / "kubelet-client.crt", self.folder / "kubelet-client.key"
+
+    @property
+    def serving(self) -> tuple[Path, Path]:
+        """The kubelet's serving certificate, for 127.0.0.1 and the node's address."""
+        return self.folder / "kubelet.crt", self.folder / "kubelet.key"
+
+
+def _load_ca(pki: Pki) -> tuple[x509.Name, ec.EllipticCurvePrivateKey]:
+    ca = x509.load_pem_x509_certificate(pki.ca.read_bytes())
+    key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey)
+    return ca.subject, key
+
+
+def make_node_pki(pki: Pki, folder: Path, *, node: str, address: str) -> NodePki:
+    """A kubelet's client and serving certificates, signed by the control plane's CA."""
+    folder.mkdir(parents=True, exist_ok=True)
+    out = NodePki(folder)
+    ca_name, ca_key = _load_ca(pki)
+    sans: list[x509.GeneralName] = [
+        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+        x509.IPAddress(ipaddress.ip_address(address)),
+        x509.DNSName(node), x509.DNSName("localhost"),
+    ]  # fmt: skip
+    for (cert_path, key_path), subject, usage, names in (
+        (out.client, _name(f"system:node:{node}", "system:nodes"),
+         ExtendedKeyUsageOID.CLIENT_AUTH, None),
+        (out.serving, _name(node), ExtendedKeyUsageOID.SERVER_AUTH, sans),
+    ):  # fmt: skip
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = _signed(subject, key, ca_name, ca_key, usage=[usage], sans=names)
+        _write(cert_path, cert.public_bytes(serialization.Encoding.PEM))
+        _write(key_path, _key_pem(key))
+    return out

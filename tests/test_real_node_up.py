@@ -1,0 +1,84 @@
+"""``python -m unthrottle.devtools.kube up DIR --nodes 0 --kubelet``: a cluster of one real
+node, as a user starts it, described in ``DIR/kubelet.json``; and after a SIGKILL of
+``up`` nothing of the node is left on the host (its guard sweeps it away)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from unthrottle.devtools.kube import BuildError, ensure_built, ensure_node_built
+from unthrottle.devtools.kube.node import BRIDGE, CONTAINERD_STATE
+
+pytestmark = pytest.mark.kernel
+
+
+def _left(info: dict[str, str], node_dir: Path, binaries: Path) -> list[str]:
+    """What of the node is still on the host."""
+    left = []
+    if Path(info["cgroup_root"]).exists():
+        left.append(f"cgroup {info['cgroup_root']}")
+    shown = subprocess.run(["ip", "link", "show", BRIDGE], capture_output=True, check=False)
+    if shown.returncode == 0:
+        left.append(f"bridge {BRIDGE}")
+    mounts = Path("/proc/self/mountinfo").read_text()
+    for root in (node_dir, CONTAINERD_STATE):
+        if f" {root}/" in mounts or f" {root} " in mounts:
+            left.append(f"mounts below {root}")
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                exe = os.readlink(entry / "exe")
+            except OSError:
+                continue
+            if exe.startswith(str(binaries)) or "kubelet" in Path(exe).name:
+                left.append(f"process {entry.name} ({exe})")
+    return left
+
+
+def test_up_starts_a_real_node_and_a_sigkill_of_it_leaves_nothing(tmp_path: Path) -> None:
+    try:
+        ensure_built()
+        binaries = ensure_node_built().folder
+    except BuildError as error:
+        pytest.skip(f"missing: the real node cannot be built: {error}")
+    info: dict[str, str] = {}
+    log = (tmp_path / "up.log").open("wb")
+    up = subprocess.Popen(
+        [sys.executable, "-m", "unthrottle.devtools.kube", "up", str(tmp_path / "k"),
+         "--nodes", "0", "--kubelet"],
+        stdout=subprocess.PIPE, stderr=log, text=True,
+    )  # fmt: skip
+    try:
+        assert up.stdout is not None
+        line = up.stdout.readline()  # after the node is Ready (or empty: up failed)
+        assert line.startswith("ready "), (tmp_path / "up.log").read_text()[-3000:]
+        info = json.loads((tmp_path / "k" / "kubelet.json").read_text())
+        assert set(info) >= {"node", "endpoint", "cgroup_root", "images"}
+        assert (Path(info["cgroup_root"]) / "kubepods").is_dir()
+        # The admin's client certificate may read the kubelet's cAdvisor.
+        pki = tmp_path / "k" / "pki"
+        context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        context.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+        with urllib.request.urlopen(info["endpoint"] + "/metrics/cadvisor", context=context,
+                                    timeout=10) as reply:  # fmt: skip
+            assert b"container_cpu_usage_seconds_total" in reply.read()
+        assert len(_left(info, tmp_path / "k" / "node", binaries)) >= 4  # it is all there
+    finally:
+        up.send_signal(signal.SIGKILL)
+        up.wait(timeout=30)
+        log.close()
+    assert info, "up never got ready"
+    deadline = time.monotonic() + 60
+    while (left := _left(info, tmp_path / "k" / "node", binaries)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, left
