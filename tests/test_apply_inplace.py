@@ -175,6 +175,11 @@ def test_a_canary_made_worse_is_resized_back_and_nobody_else_is_touched(
     ip.world.clock.now = T0 + 60 + VERIFY_S + 60
     state, message = ip.reconcile()
     assert state == "Verifying" and "rolling back in place" in message, message
+    # The change raised the burst (0 → 54 ms): its rollback lowers it first, or the kernel
+    # would refuse the old quota under it; the resize back follows on the next step.
+    assert "burst lowered first" in message, message
+    state, message = ip.reconcile()
+    assert state == "Verifying" and "resize sent" in message, message
     ip.settled(record.canary or "", 500)
     state, message = ip.reconcile()
     assert state == "RolledBack" and "got worse" in message, message
@@ -285,6 +290,8 @@ def test_a_resize_the_node_cannot_fit_gives_up_or_rolls_out(
         record = _record(deployment)
         if method == "InPlace":
             if state == "Verifying":  # the deferred resize is taken back first
+                if "burst lowered first" in message:  # the change raised it: lowered first
+                    state, message = ip.reconcile()
                 ip.kube.until("the resize taken back",
                               lambda: ip.kube.get(PODS, ip.stage, pod["metadata"]["name"]),
                               lambda p: _cpu(p) == 500 and not any(

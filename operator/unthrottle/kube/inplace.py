@@ -80,9 +80,34 @@ def guaranteed(pod: Pod) -> bool:
     return True
 
 
+def _would_be_guaranteed(pod: Pod, want: dict[str, Resources]) -> bool:
+    """Every container (init ones too) would have CPU and memory limits equal to requests
+    once ``want`` is applied: the QoS class would become Guaranteed. (The API server
+    stores quantities canonical, so equal memory amounts read the same.)"""
+    spec = pod.get("spec") or {}
+    for c in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
+        res = c.get("resources") or {}
+        limits = {**(res.get("limits") or {}), **(want.get(c.get("name", "")) or {}).get(
+            "limits", {})}  # fmt: skip
+        requests = res.get("requests") or {}
+        for kind in ("cpu", "memory"):
+            limit, request = limits.get(kind), requests.get(kind, limits.get(kind))
+            if limit is None or request is None:
+                return False
+            if (parse_cpu(str(limit)) != parse_cpu(str(request))) if kind == "cpu" \
+                    else str(limit) != str(request):  # fmt: skip
+                return False
+    return True
+
+
 def targets(pod: Pod, record: Record, *, undo: bool = False) -> dict[str, Resources]:
     """Each recorded container's CPU resources after the change (``undo``: before it):
-    the limit, and on a Guaranteed pod the request with it (its QoS class stays)."""
+    the limit, and on a Guaranteed pod the request with it (its QoS class stays).
+
+    A Burstable pod whose new limit would equal its request, with every other resource
+    already so, would become Guaranteed, which the API server refuses in place ("Pod QOS
+    Class may not change as a result of resizing"): its limit is then 1m above the
+    request, the smallest limit that keeps the class (0.1 ms more quota per period)."""
     containers = _containers(pod)
     keep_guaranteed = guaranteed(pod)
     out: dict[str, Resources] = {}
@@ -104,6 +129,12 @@ def targets(pod: Pod, record: Record, *, undo: bool = False) -> dict[str, Resour
                                    f"requests {format_cpu(request)}, more than the limit "
                                    f"{quantity}: left as it is")  # fmt: skip
         out[c.name] = res
+    if not keep_guaranteed and out and _would_be_guaranteed(pod, out):
+        for c in record.containers:
+            request = _cpu(containers[c.name].get("resources"), "requests")
+            limits = out[c.name]["limits"]
+            if request is not None and parse_cpu(str(limits["cpu"])) == request:
+                limits["cpu"] = format_cpu(request + 1)
     return out
 
 
@@ -157,23 +188,38 @@ def resize_state(pod: Pod, want: dict[str, Resources]) -> ResizeState:
     return ResizeState("resizing", "the kubelet has not reported the new resources yet")
 
 
+def restarted_by_policy(pod: Pod, record: Record) -> list[str]:
+    """The recorded containers whose ``resizePolicy`` restarts them on a CPU resize
+    (``RestartContainer``): the kubelet restarts them to resize them."""
+    containers = _containers(pod)
+    return [c.name for c in record.containers
+            if any(p.get("resourceName") == "cpu" and p.get("restartPolicy") == "RestartContainer"
+                   for p in containers.get(c.name, {}).get("resizePolicy") or [])]  # fmt: skip
+
+
 # -- burst ----------------------------------------------------------------------------------
 
 
-def interim_burst(record: Record) -> str | None:
+def interim_burst(record: Record, *, undo: bool = False) -> str | None:
     """The burst annotation to hold while the quota changes: each container's smaller of
-    its burst before and after, so that it fits under both quotas (None: the burst before
-    already does, or the record changes no burst of ours)."""
+    its burst before and after, so that it fits under both quotas (None: the burst the pod
+    starts from already does, or the record changes no burst of ours).
+
+    A change starts from the burst before; its rollback (``undo``) from the burst after.
+    So the rollback of a change that *raised* the burst lowers it first: the kernel would
+    refuse the old, lower quota under the raised burst (EINVAL), and the kubelet would
+    retry that write for ever (``PodResizeInProgress`` reason ``Error``)."""
     if record.burst_key != BURST_ANNOTATION:
         return None  # Koordinator's agent sizes its burst from the quota itself
+    start = record.burst_after if undo else record.burst_before
     try:
-        specs = burst_specs({BURST_ANNOTATION: record.burst_before}) if record.burst_before else {}
+        specs = burst_specs({BURST_ANNOTATION: start}) if start else {}
     except BurstAnnotationError:
         specs = {}
     lowered = False
     for c in record.containers:
         low = min(c.before.burst_us, c.after.burst_us)
-        if low < c.before.burst_us:
+        if low < (c.after.burst_us if undo else c.before.burst_us):
             specs[c.name], lowered = BurstSpec(burst_us=low), True
     if not lowered:
         return None

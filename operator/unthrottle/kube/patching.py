@@ -15,6 +15,8 @@ together or not at all; rollback and restarts work from the record alone.
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -120,6 +122,13 @@ class Record:
     """InPlace: why the resized pods are being resized back (a rollback in progress: it
     takes a step per pod, so it is recorded before the first; the verdict RolledBack
     follows when every pod is back)."""
+    resize_sent_at: dict[str, float] = field(default_factory=dict)
+    """InPlace: when each pod's latest resize (forward or back) was sent, on the operator's
+    clock; a resize still in progress or in Error past ``resize_timeout_s`` is given up."""
+    template: str | None = None
+    """The Deployment's pod template apart from what unthrottle changes (its fingerprint,
+    :func:`template_fingerprint`): a RolledBack change is tried again when the team changed
+    the template, not when the Deployment was only scaled (which raises its generation)."""
 
     def to_annotation(self) -> str:
         body = asdict(self)
@@ -346,6 +355,7 @@ def plan(deployment: dict[str, Any], changes: list[ContainerChange], *, policy: 
         containers=tuple(changes), burst_key=key, burst_before=before, burst_after=after,
         burst_map_absent=template_meta.get("annotations") is None,
         generation=int(meta.get("generation") or 0) + 1,
+        template=template_fingerprint(deployment),
     )  # fmt: skip
 
 
@@ -376,6 +386,21 @@ def rollback_patch(deployment: dict[str, Any], record: Record, *, now: float,
     done = replace(record, verdict="RolledBack", verdict_at=now, verdict_reason=reason,
                    generation=int(deployment["metadata"].get("generation") or 0) + 1)  # fmt: skip
     return ops + _record_ops(deployment, done), done
+
+
+def template_fingerprint(deployment: dict[str, Any]) -> str:
+    """A hash of the Deployment's pod template without what unthrottle sets in it (each
+    container's CPU limit and GOMAXPROCS, the burst annotations): the same before a change,
+    after it and after its rollback, and different once the team edits the template."""
+    template = copy.deepcopy((deployment.get("spec") or {}).get("template") or {})
+    annotations = (template.get("metadata") or {}).get("annotations") or {}
+    for key in (BURST_ANNOTATION, KOORDINATOR_ANNOTATION):
+        annotations.pop(key, None)
+    for c in (template.get("spec") or {}).get("containers") or []:
+        ((c.get("resources") or {}).get("limits") or {}).pop("cpu", None)
+        c["env"] = [e for e in c.get("env") or [] if e.get("name") != "GOMAXPROCS"]
+    text = json.dumps(template, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def record_patch(deployment: dict[str, Any], record: Record) -> list[dict[str, Any]]:

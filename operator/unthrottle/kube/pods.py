@@ -58,6 +58,12 @@ def current_replicaset(deployment: dict[str, Any],
     return None
 
 
+def present(pod: dict[str, Any]) -> bool:
+    """Started and not being deleted, Ready or not: a pod a resize (or its undo) acts on."""
+    status = pod.get("status") or {}
+    return not pod["metadata"].get("deletionTimestamp") and status.get("phase") == "Running"
+
+
 def running(pod: dict[str, Any]) -> bool:
     """Running, not being deleted, every container ready (a pod a resize can act on)."""
     status = pod.get("status") or {}

@@ -49,6 +49,7 @@ from unthrottle.kube.patching import (
     record_patch,
     record_text,
     rollback_patch,
+    template_fingerprint,
 )
 from unthrottle.kube.pods import NoResizeSubresource, PodStore, running
 from unthrottle.metrics.evidence import WorkloadKey, fetch
@@ -76,6 +77,11 @@ class VerifySettings:
     """Throttle ratios within this of the ratio before are the same (absolute)."""
     sigmas: float = 3.0
     """…or within this many binomial standard deviations of it, on the periods seen."""
+    resize_timeout_s: float = 300.0
+    """InPlace: how long a pod's resize may stay in progress, or failing (``Error``: the
+    kubelet retries for ever), before it is given up and rolled back. A kubelet actuates
+    a CPU resize within seconds (5 s here, docs/operator.md); five minutes leave room for
+    a busy node without holding one of ``maxConcurrent``'s slots for good."""
 
 
 def _pct(ratio: float | None) -> str:
@@ -161,7 +167,8 @@ class Applier:
         """How soon the last run wants the next (None: the policy's interval will do)."""
         self.inplace = None if pods is None else InPlace(
             deployments=deployments, pods=pods, metrics=metrics, event=self._event,
-            worse=self._worse, soon=self._soon)  # fmt: skip
+            worse=self._worse, soon=self._soon,
+            resize_timeout_s=self.verify.resize_timeout_s)  # fmt: skip
 
     def run(self, body: dict[str, Any], spec: ThrottlePolicySpec, selection: Selection,
             result: ScanResult, states: dict[str, State],
@@ -259,8 +266,10 @@ class Applier:
             return None
         generation = body["metadata"].get("generation")
         if record.verdict == "RolledBack":
-            unchanged = (record.policy_generation == generation
-                         and record.generation == raw["metadata"].get("generation"))  # fmt: skip
+            # A scale (an HPA's) raises the generation too: the template is what counts.
+            same = (record.template == template_fingerprint(raw) if record.template
+                    else record.generation == raw["metadata"].get("generation"))  # fmt: skip
+            unchanged = record.policy_generation == generation and same
             if unchanged:
                 return State.ROLLED_BACK, (f"rolled back: {record.verdict_reason}; not tried "
                                            "again until the policy or the Deployment "
@@ -341,8 +350,10 @@ class Applier:
         for change in changes:  # an env var: only a rollout changes it
             c = change
             if c.after.gomaxprocs != c.before.gomaxprocs:
-                note += (f"; GOMAXPROCS {c.after.gomaxprocs} for {c.name} applies at the next "
-                         "rollout (an env var, which a resize cannot change)")  # fmt: skip
+                note += (f"; GOMAXPROCS {c.after.gomaxprocs} for {c.name} is not applied: an "
+                         "env var, which a resize cannot change and InPlace leaves the "
+                         "template alone (set it in the template, or use apply.method "
+                         "Rollout)")  # fmt: skip
                 c = replace(c, after=replace(c.after, gomaxprocs=c.before.gomaxprocs))
             if c.after != c.before:
                 kept.append(c)

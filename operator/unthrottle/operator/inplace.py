@@ -12,12 +12,17 @@ where it stands                what happens
 =============================  ===========================================================
 a newer ReplicaSet             the team rolled out a change: the record is closed
                                (``Superseded``), the new pods are left alone
-``undo`` set                   every resized pod is resized back, a step at a time; then
-                               the verdict ``RolledBack``
+``undo`` set                   every resized pod is resized back (ready or not), a step at
+                               a time, the burst lowered first where the change had raised
+                               it; then the verdict ``RolledBack``
 canary not resized yet         interim burst (if the burst falls) → the node agent wrote it
                                → resize → the kubelet reports it → final burst
 canary resized                 ``verifyFor`` later, the canary's own throttle ratio: worse
                                → ``undo``; else the rest, ``maxConcurrent`` pods at a time
+a resized pod not Ready        ``undo``: the resize hurt it (the canary is not replaced by
+                               the next pod, which would spread the harm)
+a resize in progress or Error  given up (``undo``) after ``resize_timeout_s``: the kubelet
+past its deadline              retries an Error for ever
 every pod resized              the verdict ``Applied``
 Deferred / Infeasible / refused InPlace: ``undo`` with the kubelet's (or server's) words;
                                InPlaceOrRollout: a rollout instead
@@ -43,10 +48,11 @@ from unthrottle.kube.inplace import (
     interim_bursts_us,
     resize_body,
     resize_state,
+    restarted_by_policy,
     targets,
 )
 from unthrottle.kube.patching import Record, record_patch, record_text
-from unthrottle.kube.pods import NoResizeSubresource, PodStore, running
+from unthrottle.kube.pods import NoResizeSubresource, PodStore, present, running
 from unthrottle.metrics.promql import pod_burst_query, pod_counter_queries
 from unthrottle.metrics.source import MetricsError, MetricsSource
 from unthrottle.model.burst import BURST_ANNOTATION
@@ -74,6 +80,8 @@ class Step:
 
     done: bool
     message: str = ""
+    sent: bool = False
+    """A resize was sent in this step (its time goes into the record)."""
 
 
 def _pct(ratio: float | None) -> str:
@@ -84,7 +92,8 @@ class InPlace:
     """Drives InPlace records; the Applier hands it the Deployments whose record says so."""
 
     def __init__(self, *, deployments: DeploymentStore, pods: PodStore, metrics: MetricsSource,
-                 event: Event, worse: Worse, soon: Callable[[float], None]) -> None:  # fmt: skip
+                 event: Event, worse: Worse, soon: Callable[[float], None],
+                 resize_timeout_s: float = 300.0) -> None:  # fmt: skip
         self.deployments = deployments
         self.pods = pods
         self.metrics = metrics
@@ -96,6 +105,7 @@ class InPlace:
         self._soon = soon
         """Asks for the next reconcile within so many seconds: a resize waits seconds for
         its kubelet, not an interval."""
+        self.resize_timeout_s = resize_timeout_s
 
     # -- the record ------------------------------------------------------------------------
 
@@ -127,9 +137,10 @@ class InPlace:
 
     # -- one pod ---------------------------------------------------------------------------
 
-    def drive(self, pod: dict[str, Any], record: Record, *, undo: bool) -> Step:
+    def drive(self, pod: dict[str, Any], record: Record, *, undo: bool, now: float) -> Step:
         """One step of a pod's resize (``undo``: back to the settings before), in the order
-        the kernel allows: interim burst, resize, final burst. GiveUp when it cannot be."""
+        the kernel allows: interim burst, resize, final burst. GiveUp when it cannot be,
+        or when the kubelet has not finished it ``resize_timeout_s`` after it was sent."""
         meta = pod["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         try:
@@ -138,7 +149,7 @@ class InPlace:
             raise GiveUp(str(error)) from None
         state = resize_state(pod, want)
         key = record.burst_key
-        interim = interim_burst(record)
+        interim = interim_burst(record, undo=undo)
         if state.state == "asked":
             if interim is not None and burst_annotation(pod, BURST_ANNOTATION) != interim:
                 self.pods.annotate(namespace, name, annotation_patch(BURST_ANNOTATION, interim))
@@ -157,10 +168,15 @@ class InPlace:
             except PatchRefused as error:
                 raise GiveUp(str(error)) from None
             self.no_resize = None
-            return Step(False, f"pod {name}: resize sent, waiting for its kubelet")
+            return Step(False, f"pod {name}: resize sent, waiting for its kubelet", sent=True)
         if state.state in ("deferred", "infeasible"):
             raise GiveUp(f"the kubelet of pod {name} reports the resize {state.state.title()}: "
                          f"{state.message}")  # fmt: skip
+        sent_at = record.resize_sent_at.get(name)
+        if state.state in ("error", "resizing") and sent_at is not None and (
+                now - sent_at > self.resize_timeout_s):  # fmt: skip
+            raise GiveUp(f"the kubelet of pod {name} has not finished the resize in "
+                         f"{now - sent_at:.0f} s ({state.message or state.state})")  # fmt: skip
         if state.state == "error":
             return Step(False, f"pod {name}: the kubelet failed to resize it ({state.message}); "
                                "it retries")  # fmt: skip
@@ -206,28 +222,61 @@ class InPlace:
             self.write(raw, closed)
             return State.RECOMMENDED, (f"{closed.verdict_reason}: recommended again from their "
                                        "evidence")  # fmt: skip
-        live = {p["metadata"]["name"]: p for p in pods if running(p)}
+        alive = {p["metadata"]["name"]: p for p in pods if present(p)}
         if record.undo is not None:
-            return self._undo(raw, record, live, now)
+            return self._undo(raw, record, alive, now)
         try:
+            hurt = self._hurt(record, alive)
+            if hurt is not None:
+                return self._start_undo(raw, replace(record, undo=hurt), alive, now)
             if record.canary_verified_at is None:
-                return self._canary(spec, raw, record, live, now)
-            return self._rest(spec, raw, record, live, now)
+                return self._canary(spec, raw, record, alive, now)
+            return self._rest(spec, raw, record, alive, now)
         except GiveUp as error:
             reason = str(error)
             if spec.apply.method == "InPlaceOrRollout":
                 return fallback(reason)
-            undo = replace(record, undo=f"in-place resize given up: {reason}")
-            written = self.write(raw, undo)
-            if written is None:
-                return State.VERIFYING, "the record changed meanwhile: re-read next cycle"
-            self.event(raw, "Warning", "InPlaceGivenUp", undo.undo or "")
-            return self._undo(written, undo, live, now)
+            self.event(raw, "Warning", "InPlaceGivenUp", f"in-place resize given up: {reason}")
+            return self._start_undo(raw, replace(record, undo=f"in-place resize given up: "
+                                                 f"{reason}"), alive, now)  # fmt: skip
+
+    def _hurt(self, record: Record, alive: dict[str, dict[str, Any]]) -> str | None:
+        """Why to roll back now: a pod whose resize was sent is no longer Ready (a canary that
+        throttling made unready must not be replaced by the next pod, resized at once)."""
+        for name in sorted({*record.resized, *([record.canary] if record.canary else [])}):
+            pod = alive.get(name)
+            if pod is None or running(pod):
+                continue
+            try:
+                state = resize_state(pod, targets(pod, record)).state
+            except InPlaceError:
+                continue
+            if state != "asked":
+                return f"pod {name} is not Ready since its resize"
+        return None
+
+    def _start_undo(self, raw: dict[str, Any], undo: Record, alive: dict[str, dict[str, Any]],
+                    now: float) -> Outcome:  # fmt: skip
+        written = self.write(raw, undo)
+        if written is None:
+            return State.VERIFYING, "the record changed meanwhile: re-read next cycle"
+        return self._undo(written, undo, alive, now)
+
+    def _sent(self, raw: dict[str, Any], record: Record, names: list[str],
+              now: float) -> tuple[dict[str, Any], Record]:  # fmt: skip
+        """Record when each named pod's resize was sent (its deadline counts from then)."""
+        if not names:
+            return raw, record
+        record = replace(record, resize_sent_at={**record.resize_sent_at,
+                                                 **dict.fromkeys(names, now)})  # fmt: skip
+        written = self.write(raw, record)
+        return (written, record) if written is not None else (raw, record)
 
     def _canary(self, spec: ThrottlePolicySpec, raw: dict[str, Any], record: Record,
-                live: dict[str, dict[str, Any]], now: float) -> Outcome:  # fmt: skip
+                alive: dict[str, dict[str, Any]], now: float) -> Outcome:  # fmt: skip
+        live = {name: p for name, p in alive.items() if running(p)}
         canary = live.get(record.canary or "")
-        if canary is None:
+        if canary is None:  # gone, or unready before its resize was sent (_hurt saw to after)
             if not live:
                 return State.VERIFYING, "no running pod to resize yet (scaled to zero?)"
             pick = sorted(live)[0]
@@ -235,8 +284,11 @@ class InPlace:
                             resized=tuple(sorted({*record.resized, pick})))  # fmt: skip
             if self.write(raw, moved) is None:
                 return State.VERIFYING, "the record changed meanwhile: re-read next cycle"
-            return State.VERIFYING, f"the canary pod {record.canary} is gone: {pick} is the canary"
-        step = self.drive(canary, record, undo=False)
+            return State.VERIFYING, (f"the canary pod {record.canary} is gone or not Ready: "
+                                     f"{pick} is the canary")  # fmt: skip
+        step = self.drive(canary, record, undo=False, now=now)
+        if step.sent:
+            raw, record = self._sent(raw, record, [canary["metadata"]["name"]], now)
         if not step.done:
             self._soon(STEP_POLL_S)
             return State.VERIFYING, f"canary: {step.message}"
@@ -246,8 +298,9 @@ class InPlace:
             if written is None:
                 return State.VERIFYING, "the record changed meanwhile: re-read next cycle"
             raw = written
+            how = _restarts(canary, record)
             self.event(raw, "Normal", "CanaryResized", f"pod {record.canary} resized in place, "
-                       f"no restart; verifying for {spec.apply.verify_for}")  # fmt: skip
+                       f"{how}; verifying for {spec.apply.verify_for}")  # fmt: skip
         assert record.canary_done_at is not None
         ready_at = record.canary_done_at + spec.apply.verify_for_s
         if now < ready_at:
@@ -271,12 +324,9 @@ class InPlace:
                 worse.append(f"{c.name} {_pct(c.ratio_before)} → {_pct(ratio)}")
         record = replace(record, ratio_after=after)
         if worse and spec.apply.rollback_if_worse:
-            undo = replace(record, undo=f"throttling of canary pod {record.canary} got worse: "
-                           f"{', '.join(worse)} of periods")  # fmt: skip
-            written = self.write(raw, undo)
-            if written is None:
-                return State.VERIFYING, "the record changed meanwhile: re-read next cycle"
-            return self._undo(written, undo, live, now)
+            return self._start_undo(raw, replace(
+                record, undo=f"throttling of canary pod {record.canary} got worse: "
+                f"{', '.join(worse)} of periods"), alive, now)  # fmt: skip
         passed = replace(record, canary_verified_at=now)
         written = self.write(raw, passed)
         if written is None:
@@ -285,19 +335,21 @@ class InPlace:
                          for c in record.containers)  # fmt: skip
         self.event(written, "Normal", "CanaryPassed", f"canary pod {record.canary}: {text} of "
                    "periods throttled; resizing the rest")  # fmt: skip
-        return self._rest(spec, written, passed, live, now)
+        return self._rest(spec, written, passed, alive, now)
 
     def _rest(self, spec: ThrottlePolicySpec, raw: dict[str, Any], record: Record,
-              live: dict[str, dict[str, Any]], now: float) -> Outcome:  # fmt: skip
-        waiting, untouched = [], []
-        for name in sorted(live):
+              alive: dict[str, dict[str, Any]], now: float) -> Outcome:  # fmt: skip
+        waiting, untouched, sent = [], [], []
+        for name in sorted(alive):
+            pod = alive[name]
             if name in record.resized or name == record.canary:
-                step = self.drive(live[name], record, undo=False)
+                step = self.drive(pod, record, undo=False, now=now)
+                sent += [name] if step.sent else []
                 if not step.done:
                     waiting.append(step.message)
-            elif resize_state(live[name], targets(live[name], record)).state == "done":
+            elif resize_state(pod, targets(pod, record)).state == "done":
                 continue  # created after the canary passed: the webhook gave it the settings
-            else:
+            elif running(pod):
                 untouched.append(name)
         room = max(0, spec.apply.max_concurrent - len(waiting))
         start = untouched[:room]
@@ -307,7 +359,11 @@ class InPlace:
             if written is None:
                 return State.VERIFYING, "the record changed meanwhile: re-read next cycle"
             raw = written
-            waiting += [self.drive(live[name], record, undo=False).message for name in start]
+            for name in start:
+                step = self.drive(alive[name], record, undo=False, now=now)
+                sent += [name] if step.sent else []
+                waiting.append(step.message)
+        raw, record = self._sent(raw, record, sent, now)
         if waiting or untouched[room:]:
             self._soon(STEP_POLL_S)
             left = len(untouched) - len(start)
@@ -315,28 +371,32 @@ class InPlace:
             return State.VERIFYING, (f"canary passed; resizing the rest "
                                      f"(apply.maxConcurrent {spec.apply.max_concurrent}): "
                                      f"{'; '.join(waiting)}{more}")  # fmt: skip
+        sample = next(iter(alive.values()), None)
         done = replace(
             record,
             verdict="Applied",
             verdict_at=now,
-            verdict_reason=f"{len(live)} pods resized in place, none restarted",
+            verdict_reason=f"{len(alive)} pods resized in place, "
+            f"{_restarts(sample, record) if sample else 'none restarted'}",
         )
         if self.write(raw, done) is None:
             return State.VERIFYING, "the record changed meanwhile: re-read next cycle"
         self.event(raw, "Normal", "Verified", f"kept: {done.verdict_reason}")
         return State.APPLIED, f"applied in place: {done.verdict_reason}"
 
-    def _undo(self, raw: dict[str, Any], record: Record, live: dict[str, dict[str, Any]],
+    def _undo(self, raw: dict[str, Any], record: Record, alive: dict[str, dict[str, Any]],
               now: float) -> Outcome:  # fmt: skip
-        waiting = []
-        for name in sorted(live):  # the resized ones, and any the webhook gave the settings
+        waiting, sent = [], []
+        for name in sorted(alive):  # the resized ones (Ready or not), any the webhook changed
             try:
-                step = self.drive(live[name], record, undo=True)
+                step = self.drive(alive[name], record, undo=True, now=now)
             except GiveUp as error:
                 waiting.append(f"pod {name} cannot be resized back: {error}")
                 continue
+            sent += [name] if step.sent else []
             if not step.done:
                 waiting.append(step.message)
+        raw, record = self._sent(raw, record, sent, now)
         if waiting:
             self._soon(STEP_POLL_S)
             return State.VERIFYING, f"rolling back in place ({record.undo}): {'; '.join(waiting)}"
@@ -345,6 +405,18 @@ class InPlace:
             return State.VERIFYING, "the record changed meanwhile: re-read next cycle"
         self.event(raw, "Warning", "RolledBack", f"rolled back in place: {record.undo}")
         return State.ROLLED_BACK, f"rolled back: {record.undo}"
+
+
+def _restarts(pod: dict[str, Any], record: Record) -> str:
+    """What the resize did to the containers: none restarted, or which ones the kubelet
+    restarted because their ``resizePolicy`` says ``RestartContainer``."""
+    restarted = restarted_by_policy(pod, record)
+    if not restarted:
+        return "none restarted"
+    return (
+        f"container {', '.join(restarted)} restarted by the kubelet (its resizePolicy is "
+        "RestartContainer)"
+    )
 
 
 def _iso(unix: float) -> str:
