@@ -1,0 +1,302 @@
+"""Apply's InPlace method on the real node: the kubelet, containerd and runc actuate each
+resize in the pods' real cgroups, the real node agent writes the burst that pod annotations
+ask for, and the kernel refuses what it refuses. The evidence the operator decides from is
+a day of history written into a real Prometheus (the canary's verdict on it is made to go
+one way or the other); the reconciler runs in-process on the test's clock.
+
+These are the cases the stand-in kubelet could not show: the rollback of a change that
+raised the burst (the kernel refuses the old quota under the raised burst), a canary whose
+readiness the resize broke, a resize that fails for ever, the restarts a
+``RestartContainer`` resize policy makes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kube import Kube
+from prom import PrometheusServer, requires_prometheus
+from shop import Workload, deployment, openmetrics
+from test_apply import NOW, T0, World, running
+from unthrottle.cgroups import Cgroup, Layout
+from unthrottle.devtools.kube import REAL_NODE_TAINT, ControlPlane, RealNode
+from unthrottle.devtools.processes import stop
+from unthrottle.devtools.prometheus import free_port
+from unthrottle.kube.patching import RECORD_ANNOTATION, Record
+
+pytestmark = [requires_prometheus, pytest.mark.kernel]
+PODS = "v1/pods"
+VERIFY_S = 15 * 60
+APP = Workload("stage", "api", 0.1, 0.10, 1.2, 0.5, 2, {"app.kubernetes.io/part-of": "ip"})
+"""Throttled 10 % of periods under 500m: the recommendation raises the limit to 690m and
+gives it a 54 ms burst."""
+HURT = {"share": 0.4, "limit": 0.66}
+CALM = Workload("stage", "api", 0.3, 0.0, 0.0, 1.0, 1, {"app.kubernetes.io/part-of": "ip"})
+"""A steady 0.3 core under 1 CPU: never throttled, the recommendation lowers the limit."""
+IDLE = """name: idle
+workload: {kind: serial, task_cpu_ms: 2, workers: 1, tasks: 20, think_ms: 98}
+runs: [{}]
+"""
+"""What the pods run: 2 % of a core, so that the node stays quiet."""
+UNIQUE = iter(range(1_000_000))
+
+
+def _on_node(obj: dict[str, Any], node: RealNode, **container: Any) -> dict[str, Any]:
+    """A shop Deployment as a real pod of the workload image on the real node."""
+    out = copy.deepcopy(obj)
+    spec = out["spec"]["template"]["spec"]
+    spec.update(nodeSelector={"kubernetes.io/hostname": node.name},
+                tolerations=[{**REAL_NODE_TAINT, "operator": "Equal"}],
+                terminationGracePeriodSeconds=1, automountServiceAccountToken=False,
+                volumes=[{"name": "scenario", "configMap": {"name": "idle"}}])  # fmt: skip
+    (c,) = spec["containers"]
+    c.update(image=node.images["workload"].name, imagePullPolicy="Never",
+             args=["lab", "workload", "/scenario/scenario.yaml"],
+             volumeMounts=[{"name": "scenario", "mountPath": "/scenario"}],
+             **container)  # fmt: skip
+    return out
+
+
+def _record(deployment: dict[str, Any]) -> Record:
+    return Record.from_annotation(deployment["metadata"]["annotations"][RECORD_ANNOTATION])
+
+
+def _state(status: dict[str, Any], name: str) -> tuple[str, str]:
+    w = next(w for w in status["workloads"] if w["deployment"] == name)
+    return w["state"], w["message"] or ""
+
+
+class RealWorld:
+    """A :class:`test_apply.World` over one Deployment whose pods run on the real node."""
+
+    def __init__(self, world: World, node: RealNode, layout: Layout) -> None:
+        self.world, self.node, self.layout = world, node, layout
+        self.kube: Kube = world.kube
+        self.stage = world.stage
+
+    def pods(self) -> dict[str, dict[str, Any]]:
+        rs = self.kube.replicaset_of(self.world.deployment(APP.name))
+        return {p["metadata"]["name"]: p for p in self.kube.pods_of(rs)}
+
+    def pod(self, name: str) -> dict[str, Any]:
+        found = self.kube.get(PODS, self.stage, name)
+        assert found is not None, f"pod {name} is gone"
+        return found
+
+    def cgroup(self, name: str) -> Cgroup:
+        pod = self.pod(name)
+        cid = pod["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
+        qos = pod["status"]["qosClass"].lower()
+        tier = "" if qos == "guaranteed" else f"/{qos}"
+        return Cgroup(self.layout, f"{self.node.cgroup_parent}/kubepods{tier}/"
+                                   f"pod{pod['metadata']['uid']}/{cid}")  # fmt: skip
+
+    def kernel(self, name: str) -> tuple[int | None, int]:
+        """(quota, burst) in the container's cgroup, µs."""
+        bandwidth = self.cgroup(name).read_bandwidth()
+        return bandwidth.quota_us, bandwidth.burst_us
+
+    def until_kernel(self, name: str, quota: int | None = None, burst: int | None = None) -> None:
+        self.kube.until(f"pod {name}'s cgroup at quota {quota}, burst {burst}",
+                        lambda: self.kernel(name),
+                        lambda k: (quota is None or k[0] == quota)
+                        and (burst is None or k[1] == burst), timeout_s=60)  # fmt: skip
+
+    def history(self, pod: str, since: float, app: Workload = APP, **changes: Any) -> None:
+        w = replace(app, namespace=self.stage, names=(pod,), **changes)
+        self.world.add_history(openmetrics([w], NOW, span=NOW - int(since)))
+
+    def reconcile(self) -> tuple[str, str]:
+        return _state(self.world.reconcile("ip"), APP.name)
+
+    def reconcile_until(self, what: str, done: Any, *, timeout_s: float = 60) -> tuple[str, str]:
+        """Reconcile every second until ``done(state, message)`` (the kubelet's part takes
+        seconds); the last state and message."""
+        return self.kube.until(what, self.reconcile, lambda sm: done(*sm), timeout_s=timeout_s)
+
+
+@contextlib.contextmanager
+def agent(node: RealNode, plane: ControlPlane, folder: Path) -> Iterator[None]:
+    """The real node agent as a process: it names the node's pods and writes the burst
+    their annotations ask for into their cgroups (never refused for node load here)."""
+    log = (folder / "agent.log").open("wb")
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).with_name("unthrottle")), "agent",
+         "--node-name", node.name, "--kubeconfig", str(plane.kubeconfig),
+         "--kubepods-parent", node.cgroup_parent, "--listen", f"127.0.0.1:{free_port()}",
+         "--burst", "--burst-node-threshold", "1", "--discover-every", "1s"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        yield
+    finally:
+        stop(proc, timeout_s=10)
+        log.close()
+
+
+@contextlib.contextmanager
+def real_world(folder: Path, plane: ControlPlane, node: RealNode, layout: Layout,
+               app: Workload = APP, **container: Any) -> Iterator[RealWorld]:  # fmt: skip
+    kube = Kube(plane)
+    stage = f"stage-{next(UNIQUE)}-{int(time.time()) % 100000}"
+    kube.create_namespace(stage)
+    kube.create("v1/configmaps", {"apiVersion": "v1", "kind": "ConfigMap",
+                                  "metadata": {"name": "idle", "namespace": stage},
+                                  "data": {"scenario.yaml": IDLE}})  # fmt: skip
+    w = replace(app, namespace=stage)
+    kube.create("apps/v1/deployments", _on_node(deployment(w), node, **container))
+    rs = kube.replicaset_of(kube.rolled_out(stage, w.name, timeout_s=120))
+    placed = [replace(w, template_hash=rs["metadata"]["labels"]["pod-template-hash"])]
+    with running(folder, kube, placed, stage, PrometheusServer) as world, \
+            agent(node, plane, folder):  # fmt: skip
+        yield RealWorld(world, node, layout)
+
+
+@pytest.fixture
+def rw(tmp_path: Path, control_plane: ControlPlane, real_node: RealNode, layout: Layout,
+       throttlepolicy_crd: None) -> Iterator[RealWorld]:  # fmt: skip
+    with real_world(tmp_path, control_plane, real_node, layout) as world:
+        yield world
+
+
+def test_the_real_kubelet_resizes_the_canary_then_the_rest_in_their_cgroups_no_restart(
+    rw: RealWorld,
+) -> None:
+    before = {n: p["status"]["containerStatuses"][0]["containerID"] for n, p in rw.pods().items()}
+    assert all(rw.kernel(n) == (50_000, 0) for n in before)
+    rw.world.policy("ip", "ip", apply={"method": "InPlace", "maxConcurrent": 1})
+    state, message = rw.reconcile()
+    assert state == "Verifying" and "canary: pod" in message, message
+    record = _record(rw.world.deployment(APP.name))
+    canary = record.canary or ""
+    rw.until_kernel(canary, quota=69_000)  # the kubelet wrote the new quota
+    assert all(rw.kernel(n)[0] == 50_000 for n in before if n != canary)  # nobody else yet
+    state, message = rw.reconcile_until("the canary reported resized",
+                                        lambda s, m: "verifying its throttling" in m)  # fmt: skip
+    rw.until_kernel(canary, burst=54_000)  # the agent wrote the final burst
+    rw.world.clock.now = T0 + 60
+    rw.history(canary, T0 + 60, limit=0.69)
+    rw.world.clock.now = T0 + 60 + VERIFY_S + 60
+    state, message = rw.reconcile_until("every pod resized", lambda s, m: s == "Applied")
+    assert "none restarted" in message, message
+    for name, cid in before.items():
+        rw.until_kernel(name, quota=69_000, burst=54_000)
+        status = rw.pod(name)["status"]["containerStatuses"][0]
+        assert status["containerID"] == cid and status["restartCount"] == 0
+
+
+def test_the_rollback_of_a_raised_burst_lowers_it_before_the_quota_falls(
+    rw: RealWorld,
+) -> None:
+    """The change raised the burst (0 → 54 ms) with the limit; the canary got worse. Its
+    rollback must lower the burst first: the kernel refuses the old 50 ms quota under a
+    54 ms burst, and the kubelet would report Error and retry it for ever."""
+    rw.world.policy("ip", "ip", apply={"method": "InPlace"})
+    rw.reconcile()
+    canary = _record(rw.world.deployment(APP.name)).canary or ""
+    rw.reconcile_until("the canary resized", lambda s, m: "verifying its throttling" in m)
+    rw.until_kernel(canary, quota=69_000, burst=54_000)
+    rw.world.clock.now = T0 + 60
+    rw.history(canary, T0 + 60, **HURT)
+    rw.world.clock.now = T0 + 60 + VERIFY_S + 60
+    errors: list[str] = []
+
+    def back(state: str, message: str) -> bool:
+        conditions = rw.pod(canary)["status"].get("conditions") or []
+        errors.extend(c.get("message", "") for c in conditions
+                      if c["type"] == "PodResizeInProgress"
+                      and c.get("reason") == "Error")  # fmt: skip
+        return state == "RolledBack"
+
+    state, message = rw.reconcile_until("rolled back", back, timeout_s=90)
+    assert "got worse" in message, message
+    assert not errors, f"the kubelet failed a write: {errors[:1]}"
+    assert rw.kernel(canary) == (50_000, 0)
+    assert all(rw.kernel(n) == (50_000, 0) for n in rw.pods())
+    # An HPA's scale raises the Deployment's generation: the rejected change is not tried
+    # again for that (only a change of the template or the policy lifts the hold).
+    rw.kube.patch("apps/v1/deployments", rw.stage, APP.name, {"spec": {"replicas": 3}})
+    rw.kube.rolled_out(rw.stage, APP.name, timeout_s=120)
+    state, message = rw.reconcile()
+    assert state == "RolledBack" and "not tried again" in message, message
+
+
+def test_a_canary_made_unready_by_its_resize_is_rolled_back_not_replaced(
+    tmp_path: Path, control_plane: ControlPlane, real_node: RealNode, layout: Layout,
+    throttlepolicy_crd: None,
+) -> None:  # fmt: skip
+    """Its readiness probe passes while its quota is at most 50 ms (its cgroup, as the
+    container sees it): the resize to 690m makes it unready, as throttling or a slow
+    start would. The next pod must not be resized in its place."""
+    python = str(Path(sys.executable))
+    probe = {"exec": {"command": [python, "-c", "import sys; sys.exit(int(open("
+                                  "'/sys/fs/cgroup/cpu/cpu.cfs_quota_us').read()) > 50000)"]},
+             "periodSeconds": 1, "failureThreshold": 1, "timeoutSeconds": 5}  # fmt: skip
+    with real_world(tmp_path, control_plane, real_node, layout, readinessProbe=probe) as rw:
+        names = sorted(rw.pods())
+        rw.world.policy("ip", "ip", apply={"method": "InPlace"})
+        rw.reconcile()
+        canary = _record(rw.world.deployment(APP.name)).canary or ""
+        rw.until_kernel(canary, quota=69_000)
+        rw.kube.until("the canary unready", lambda: rw.pod(canary),
+                      lambda p: any(c["type"] == "Ready" and c["status"] == "False"
+                                    for c in p["status"]["conditions"]))  # fmt: skip
+        _, message = rw.reconcile_until("rolled back", lambda s, m: s == "RolledBack",
+                                        timeout_s=90)  # fmt: skip
+        assert f"pod {canary} is not Ready since its resize" in message, message
+        assert sorted(rw.pods()) == names  # the same pods: nobody replaced, nobody restarted
+        assert all(rw.kernel(n)[0] == 50_000 for n in names)
+        assert _record(rw.world.deployment(APP.name)).resized == (canary,)
+
+
+def test_a_resize_the_kubelet_cannot_write_is_given_up_after_its_deadline(
+    tmp_path: Path, control_plane: ControlPlane, real_node: RealNode, layout: Layout,
+    throttlepolicy_crd: None,
+) -> None:  # fmt: skip
+    """A burst somebody else wrote (a stale agent, another tool) under the old quota: the
+    lower limit's quota falls under it, the runtime's write fails (EINVAL) and the kubelet
+    retries it for ever. InPlace gives it up at its deadline instead of holding a slot."""
+    with real_world(tmp_path, control_plane, real_node, layout, CALM) as rw:
+        (pod,) = rw.pods()
+        (rw.cgroup(pod).cpu_dir / "cpu.cfs_burst_us").write_text("90000\n")  # under 100 ms
+        rw.world.policy("ip", "ip", apply={"method": "InPlace"})
+        state, message = rw.reconcile_until(
+            "the kubelet's Error", lambda s, m: "failed to resize" in m)  # fmt: skip
+        assert state == "Verifying", message
+        rw.world.clock.now += 301  # VerifySettings.resize_timeout_s, 300 s
+        state, message = rw.reconcile_until(
+            "given up and rolled back", lambda s, m: s == "RolledBack", timeout_s=90)  # fmt: skip
+        assert "has not finished the resize in" in message, message
+        assert rw.kernel(pod)[0] == 100_000  # the old quota stayed
+        assert json.loads(json.dumps(rw.pod(pod)["spec"]["containers"][0]["resources"]))[
+            "limits"]["cpu"] == "1"  # fmt: skip
+
+
+def test_a_restart_container_policy_is_reported_as_restarts(
+    tmp_path: Path, control_plane: ControlPlane, real_node: RealNode, layout: Layout,
+    throttlepolicy_crd: None,
+) -> None:  # fmt: skip
+    policy = [{"resourceName": "cpu", "restartPolicy": "RestartContainer"}]
+    app = replace(APP, pods=1)
+    with real_world(tmp_path, control_plane, real_node, layout, app, resizePolicy=policy) as rw:
+        (pod,) = rw.pods()
+        rw.world.policy("ip", "ip", apply={"method": "InPlace"})
+        rw.reconcile()
+        rw.reconcile_until("the canary resized", lambda s, m: "verifying its throttling" in m)
+        assert rw.pod(pod)["status"]["containerStatuses"][0]["restartCount"] == 1
+        rw.world.clock.now = T0 + 60
+        rw.history(pod, T0 + 60, app, limit=0.69)
+        rw.world.clock.now = T0 + 60 + VERIFY_S + 60
+        _, message = rw.reconcile_until("applied", lambda s, m: s == "Applied")
+        assert "restarted by the kubelet" in message and "none restarted" not in message
