@@ -300,3 +300,23 @@ def test_a_restart_container_policy_is_reported_as_restarts(
         rw.world.clock.now = T0 + 60 + VERIFY_S + 60
         _, message = rw.reconcile_until("applied", lambda s, m: s == "Applied")
         assert "restarted by the kubelet" in message and "none restarted" not in message
+
+
+def test_a_burstable_pod_keeps_its_class_when_the_new_limit_meets_its_request(
+    tmp_path: Path, control_plane: ControlPlane, real_node: RealNode, layout: Layout,
+    throttlepolicy_crd: None,
+) -> None:  # fmt: skip
+    """Memory request = limit, CPU request 900m: a limit lowered to the request would make
+    the pod Guaranteed, which the API server refuses in place. The limit stops 1m above."""
+    resources = {"requests": {"cpu": "900m", "memory": "128Mi"},
+                 "limits": {"cpu": "1", "memory": "128Mi"}}  # fmt: skip
+    with real_world(tmp_path, control_plane, real_node, layout, CALM, resources=resources) as rw:
+        (pod,) = rw.pods()
+        rw.world.policy("ip", "ip", apply={"method": "InPlace"})
+        state, message = rw.reconcile_until(
+            "the canary resized", lambda s, m: "verifying its throttling" in m)  # fmt: skip
+        assert state == "Verifying", message
+        found = rw.pod(pod)
+        assert found["status"]["qosClass"] == "Burstable"
+        assert found["spec"]["containers"][0]["resources"]["limits"]["cpu"] == "901m"
+        rw.until_kernel(pod, quota=90_100)
