@@ -1,7 +1,12 @@
-"""What the real control plane costs the test suite and the demo (docs/benchmarks.md §12).
+"""What the real control plane and the real node cost the test suite and the demo
+(docs/benchmarks.md §12).
 
     .venv/bin/python bench/controlplane.py            # warm build, link-only build, start-ups
     .venv/bin/python bench/controlplane.py --cold     # also a fresh machine's download and build
+
+The real node (containerd, runc, the CNI plugins, pause: ``controlplane/node/``; the
+kubelet is built with the control plane) is measured the same way beside it, and its
+start-up (``RealNode.start()`` until the Node is Ready, its images imported) as root.
 
 - **download**: ``go mod download`` of the pinned module graph into an empty module cache
   (``GOMODCACHE``), from the Go module proxy: what a fresh machine fetches once;
@@ -29,18 +34,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from unthrottle.devtools.kube import ControlPlane, ensure_built
-from unthrottle.devtools.kube.build import go_binary, source
+from unthrottle.devtools.kube import ControlPlane, RealNode, ensure_built, ensure_node_built
+from unthrottle.devtools.kube.build import NODE_MODULE, go_binary, source
 
 RESULTS = Path(__file__).resolve().parent / "results" / "controlplane.json"
 
 
 def _timed_build(env: dict[str, str]) -> float:
+    """Both builds (the control plane's, then the node's) with ``env`` set; seconds."""
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
         started = time.monotonic()
         ensure_built()
+        ensure_node_built()
         return time.monotonic() - started
     finally:
         for key, value in saved.items():
@@ -50,16 +57,17 @@ def _timed_build(env: dict[str, str]) -> float:
                 os.environ[key] = value
 
 
-def _go(modcache: Path, *args: str, check: bool = True) -> None:
-    """``go ARGS`` in controlplane/, with ``modcache`` as the module cache."""
+def _go(modcache: Path, *args: str, check: bool = True, where: Path | None = None) -> None:
+    """``go ARGS`` in controlplane/ (or ``where``), with ``modcache`` as the module cache."""
     env = {**os.environ, "GOMODCACHE": str(modcache), "GOFLAGS": "-mod=readonly"}
-    subprocess.run([go_binary(), *args], cwd=source(), env=env, check=check)
+    subprocess.run([go_binary(), *args], cwd=where or source(), env=env, check=check)
 
 
 def _timed_download(modcache: Path) -> float:
     """``go mod download`` of controlplane/'s graph into an empty module cache."""
     started = time.monotonic()
     _go(modcache, "mod", "download")
+    _go(modcache, "mod", "download", where=source() / NODE_MODULE)
     return time.monotonic() - started
 
 
@@ -99,12 +107,34 @@ def main() -> None:
                 plane.stop()
     out["start_s"] = starts
     out["start_median_s"] = statistics.median(starts)
+    if os.geteuid() == 0:
+        out["node_start_s"] = _node_starts(args.starts)
+        out["node_start_median_s"] = statistics.median(out["node_start_s"])
+        print(f"real node start-up: {out['node_start_s']} s", flush=True)
     out["version"] = ControlPlane(Path(tempfile.gettempdir())).version
     out["load_average"] = [round(x, 2) for x in os.getloadavg()]
     print(f"start-up: {starts} s (median {out['start_median_s']} s), "
           f"load average {out['load_average']}")  # fmt: skip
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(out, indent=1) + "\n")
+
+
+def _node_starts(count: int) -> list[float]:
+    """A real node's start-ups (the Node Ready, images imported) beside one control plane."""
+    starts = []
+    with (
+        tempfile.TemporaryDirectory() as folder,
+        ControlPlane(Path(folder) / "cp", nodes=0) as plane,
+    ):
+        for index in range(count):
+            node = RealNode(plane, Path(folder) / f"node-{index}")
+            try:
+                node.start()
+                starts.append(round(node.started_in_s, 2))
+            finally:
+                node.stop()
+            plane.request("DELETE", f"/api/v1/nodes/{node.name}")
+    return starts
 
 
 if __name__ == "__main__":
