@@ -66,6 +66,12 @@ def seconds(spread: dict[str, float]) -> str:
 # -- the figures, each computed in one place ---------------------------------------------
 
 
+def pod_quota(key: str, *, with_quota: bool) -> str:
+    """``7.1–8.6``: bench/pod_quota.py's runs with or without the pod's quota, seconds."""
+    runs = results("pod-quota.json")["runs"]
+    return span([r[key] for r in runs if r["pod_quota"] is with_quota], 1)
+
+
 def late_booked() -> Any:
     """bench/late_readings.py's run with nothing read late on purpose, and its truth."""
     return results("late-booked.json")["runs"][0]
@@ -272,6 +278,21 @@ QUOTES: list[Quote] = [
      lambda: number(max(results("host-steal.json")["p95_ms_of_those"]), 1)),
     ("docs/model.md", "and at most {} ms less what was lost",
      lambda: number(max(results("host-steal.json")["p95_less_lost_ms_of_those"]), 1)),
+    # one container under a pod-level quota (§3, README)
+    ("README.md", "its throttled time {} s against", lambda: pod_quota(
+        "container_throttled_s", with_quota=True)),
+    ("README.md", "s against {} s without the pod quota", lambda: pod_quota(
+        "container_throttled_s", with_quota=False)),
+    ("README.md", "the pod's cgroup throttled {} s besides", lambda: pod_quota(
+        "pod_throttled_s", with_quota=True)),
+    ("docs/benchmarks.md", "the container's throttled time {} s with the pod quota",
+     lambda: pod_quota("container_throttled_s", with_quota=True)),
+    ("docs/benchmarks.md", "with the pod quota against {} s without",
+     lambda: pod_quota("container_throttled_s", with_quota=False)),
+    ("docs/benchmarks.md", "was throttled {} s, which neither",
+     lambda: pod_quota("pod_throttled_s", with_quota=True)),
+    ("docs/benchmarks.md", "isolated, 3 runs each (2026-12-03, {} cores of other load)",
+     lambda: number(results("pod-quota.json")["other_load_cores"], 2)),
     # late readings attributed by their refills (§3)
     ("docs/benchmarks.md", "(2026-12-03, {} cores of other load), the kernel booked",
      lambda: number(late_booked()["other_load_cores"], 2)),
@@ -606,6 +627,7 @@ SOURCES = {  # results file → the script that writes it, and the section that 
     "simulate-speed.json": ("bench/simulate_speed.py", 1),
     "host-steal.json": ("bench/host_steal.py", 3),
     "late-booked.json": ("bench/late_readings.py", 3),
+    "pod-quota.json": ("bench/pod_quota.py", 3),
 }
 
 
