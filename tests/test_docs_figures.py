@@ -72,6 +72,12 @@ def pod_quota(key: str, *, with_quota: bool) -> str:
     return span([r[key] for r in runs if r["pod_quota"] is with_quota], 1)
 
 
+def open_pool_load(setting: str, *limits: str) -> str:
+    """``24–28``: bench/open_pool_load.py's p95 (ms) in one setting, over the runs named."""
+    (row,) = [r for r in results("open-pool-load.json")["settings"] if r["setting"] == setting]
+    return span([p for limit in limits for p in row["p95_ms"][limit]], 0)
+
+
 def late_booked() -> Any:
     """bench/late_readings.py's run with nothing read late on purpose, and its truth."""
     return results("late-booked.json")["runs"][0]
@@ -278,6 +284,23 @@ QUOTES: list[Quote] = [
      lambda: number(max(results("host-steal.json")["p95_ms_of_those"]), 1)),
     ("docs/model.md", "and at most {} ms less what was lost",
      lambda: number(max(results("host-steal.json")["p95_less_lost_ms_of_those"]), 1)),
+    # the open pool beside other load, isolated or not (§3, README)
+    ("README.md", "an unlimited open pool measured p95 {} ms instead",
+     lambda: open_pool_load("beside one hog", "no limit")),
+    ("README.md", "ms instead of {} ms (the machine's other work",
+     lambda: open_pool_load("beside nothing", "no limit")),
+    ("README.md", "(the machine's other work, {} cores, ran beside both)", lambda: number(
+        results("open-pool-load.json")["settings"][0]["other_load_cores"], 2)),
+    ("README.md", "while a run measures: {} ms beside two hogs",
+     lambda: open_pool_load("beside two hogs, isolated", "no limit", "1.2 CPU")),
+    ("docs/benchmarks.md", "p95 {} ms unlimited; beside one CPU hog",
+     lambda: open_pool_load("beside nothing", "no limit")),
+    ("docs/benchmarks.md", "beside one CPU hog, not isolated, {} ms",
+     lambda: open_pool_load("beside one hog", "no limit")),
+    ("docs/benchmarks.md", "two hogs, isolated, {} ms with or without",
+     lambda: open_pool_load("beside two hogs, isolated", "no limit", "1.2 CPU")),
+    ("operator/unthrottle/lab/isolation.py", "the open pool measured p95 {} ms",
+     lambda: open_pool_load("beside two hogs, isolated", "no limit", "1.2 CPU")),
     # one container under a pod-level quota (§3, README)
     ("README.md", "its throttled time {} s against", lambda: pod_quota(
         "container_throttled_s", with_quota=True)),
@@ -628,6 +651,7 @@ SOURCES = {  # results file → the script that writes it, and the section that 
     "host-steal.json": ("bench/host_steal.py", 3),
     "late-booked.json": ("bench/late_readings.py", 3),
     "pod-quota.json": ("bench/pod_quota.py", 3),
+    "open-pool-load.json": ("bench/open_pool_load.py", 3),
 }
 
 
