@@ -1,5 +1,6 @@
-"""`unthrottle operator` as a user runs it: a subprocess, pointed at the emulator by
-KUBECONFIG, logging to a file, ended by PID (SIGTERM, or SIGKILL to test a crash)."""
+"""`unthrottle operator` as a user runs it: a subprocess, pointed at the tests' real
+control plane by KUBECONFIG, logging to a file, ended by PID (SIGTERM, or SIGKILL to test
+a crash)."""
 
 from __future__ import annotations
 

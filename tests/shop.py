@@ -3,8 +3,9 @@
 Each workload's demand is a mix of quiet windows (uniform up to twice its base) and
 bursts (around ``burst`` cores in a ``share`` of windows), as in ``make demo``.
 :func:`openmetrics` writes what the agent and cAdvisor would have exported, one
-sample a minute; :func:`objects` the Deployment, ReplicaSet and pods that stand for
-it in the Kubernetes emulator (owners come from the API, as in cluster mode).
+sample a minute; :func:`deploy` puts their Deployments on the real control plane
+(tests/kube.py), whose controllers make the ReplicaSets and kwok's pods (owners come from
+the API, as in cluster mode).
 """
 
 from __future__ import annotations
@@ -130,24 +131,6 @@ def deployment(w: Workload) -> dict[str, Any]:
             },
         },
     }  # fmt: skip
-
-
-def objects(w: Workload) -> list[tuple[str, dict[str, Any]]]:
-    """(resource, object) for the Deployment, its ReplicaSet and its pods."""
-    owner = {"apiVersion": "apps/v1", "kind": "Deployment", "name": w.name, "controller": True}
-    rs = {"apiVersion": "apps/v1", "kind": "ReplicaSet",
-          "metadata": {"namespace": w.namespace, "name": w.replicaset,
-                       "ownerReferences": [owner]}}  # fmt: skip
-    out = [("apps/v1/deployments", deployment(w)), ("apps/v1/replicasets", rs)]
-    for pod in w.pod_names():
-        out.append(("v1/pods", {
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"namespace": w.namespace, "name": pod, "ownerReferences": [
-                {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": w.replicaset,
-                 "controller": True}]},
-            "spec": {"containers": [{"name": w.container}]},
-        }))  # fmt: skip
-    return out
 
 
 def deploy(kube: Any, workloads: list[Workload]) -> list[Workload]:

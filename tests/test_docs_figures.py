@@ -66,6 +66,30 @@ def seconds(spread: dict[str, float]) -> str:
 # -- the figures, each computed in one place ---------------------------------------------
 
 
+def pod_quota(key: str, *, with_quota: bool) -> str:
+    """``7.1–8.6``: bench/pod_quota.py's runs with or without the pod's quota, seconds."""
+    runs = results("pod-quota.json")["runs"]
+    return span([r[key] for r in runs if r["pod_quota"] is with_quota], 1)
+
+
+def open_pool_load(setting: str, *limits: str) -> str:
+    """``24–28``: bench/open_pool_load.py's p95 (ms) in one setting, over the runs named."""
+    (row,) = [r for r in results("open-pool-load.json")["settings"] if r["setting"] == setting]
+    return span([p for limit in limits for p in row["p95_ms"][limit]], 0)
+
+
+def late_read(key: str) -> str:
+    """``1.07–1.18``: a ratio's span over bench/late_readings.py's runs read late on purpose
+    whose truth test_censoring accepts (two busy threads: a median window over 150 ms)."""
+    runs = results("late-readings.json")["runs"]
+    return span([r[key] for r in runs if r["truth_median_window_ms"] > 150], 2)
+
+
+def late_booked() -> Any:
+    """bench/late_readings.py's run with nothing read late on purpose, and its truth."""
+    return results("late-booked.json")["runs"][0]
+
+
 def burst_throttled() -> str:
     """``4–13 of 55–59``: throttled periods of the burst seed at 0.25 CPU over the identical
     runs of bench/host_steal.py, and how many periods they spanned."""
@@ -267,6 +291,56 @@ QUOTES: list[Quote] = [
      lambda: number(max(results("host-steal.json")["p95_ms_of_those"]), 1)),
     ("docs/model.md", "and at most {} ms less what was lost",
      lambda: number(max(results("host-steal.json")["p95_less_lost_ms_of_those"]), 1)),
+    # the open pool beside other load, isolated or not (§3, README)
+    ("README.md", "an unlimited open pool measured p95 {} ms instead",
+     lambda: open_pool_load("beside one hog", "no limit")),
+    ("README.md", "ms instead of {} ms (the machine's other work",
+     lambda: open_pool_load("beside nothing", "no limit")),
+    ("README.md", "(the machine's other work, {} cores, ran beside both)", lambda: number(
+        results("open-pool-load.json")["settings"][0]["other_load_cores"], 2)),
+    ("README.md", "while a run measures: {} ms beside two hogs",
+     lambda: open_pool_load("beside two hogs, isolated", "no limit", "1.2 CPU")),
+    ("docs/benchmarks.md", "p95 {} ms unlimited; beside one CPU hog",
+     lambda: open_pool_load("beside nothing", "no limit")),
+    ("docs/benchmarks.md", "beside one CPU hog, not isolated, {} ms",
+     lambda: open_pool_load("beside one hog", "no limit")),
+    ("docs/benchmarks.md", "two hogs, isolated, {} ms with or without",
+     lambda: open_pool_load("beside two hogs, isolated", "no limit", "1.2 CPU")),
+    ("operator/unthrottle/lab/isolation.py", "the open pool measured p95 {} ms",
+     lambda: open_pool_load("beside two hogs, isolated", "no limit", "1.2 CPU")),
+    # one container under a pod-level quota (§3, README)
+    ("README.md", "its throttled time {} s against", lambda: pod_quota(
+        "container_throttled_s", with_quota=True)),
+    ("README.md", "s against {} s without the pod quota", lambda: pod_quota(
+        "container_throttled_s", with_quota=False)),
+    ("README.md", "the pod's cgroup throttled {} s besides", lambda: pod_quota(
+        "pod_throttled_s", with_quota=True)),
+    ("docs/benchmarks.md", "the container's throttled time {} s with the pod quota",
+     lambda: pod_quota("container_throttled_s", with_quota=True)),
+    ("docs/benchmarks.md", "with the pod quota against {} s without",
+     lambda: pod_quota("container_throttled_s", with_quota=False)),
+    ("docs/benchmarks.md", "was throttled {} s, which neither",
+     lambda: pod_quota("pod_throttled_s", with_quota=True)),
+    ("docs/benchmarks.md", "isolated, 3 runs each (2026-12-03, {} cores of other load)",
+     lambda: number(results("pod-quota.json")["other_load_cores"], 2)),
+    # late readings attributed by their refills (§3)
+    ("docs/benchmarks.md", "(2026-12-03, {} cores of other load), the kernel booked",
+     lambda: number(late_booked()["other_load_cores"], 2)),
+    ("docs/benchmarks.md", "as read, windows of {} ms took", lambda: " and ".join(
+        str(w) for w in late_booked()["largest_windows_as_read_ms"][:2])),
+    ("docs/benchmarks.md", "took the recommendation to {}m against",
+     lambda: number(late_booked()["as_read_millicores"])),
+    ("docs/benchmarks.md", "against the truth's {}m (",
+     lambda: number(late_booked()["from_truth_millicores"])),
+    ("docs/benchmarks.md", "m ({}×, past `test_censoring`'s 1.25)",
+     lambda: number(late_booked()["as_read_ratio"], 2)),
+    ("docs/benchmarks.md", "attributed by their refills, {}m",
+     lambda: number(late_booked()["attributed_millicores"])),
+    ("docs/benchmarks.md", "m ({}×). With six readings",
+     lambda: number(late_booked()["attributed_ratio"], 2)),
+    ("docs/benchmarks.md", "got two CPUs), as read {}×,", lambda: late_read("as_read_ratio")),
+    ("docs/benchmarks.md", "attributed {}×. `tests/test_late_readings.py`",
+     lambda: late_read("attributed_ratio")),
     # the model's speed: §1 and README
     ("README.md", "of 100 ms periods takes {};", lambda: model_speed(2)),
     ("docs/benchmarks.md", "median {} (7 runs", lambda: model_speed(3)),
@@ -585,6 +659,10 @@ SOURCES = {  # results file → the script that writes it, and the section that 
     "inplace.json": ("bench/inplace.py", 13),
     "simulate-speed.json": ("bench/simulate_speed.py", 1),
     "host-steal.json": ("bench/host_steal.py", 3),
+    "late-booked.json": ("bench/late_readings.py", 3),
+    "late-readings.json": ("bench/late_readings.py", 3),
+    "pod-quota.json": ("bench/pod_quota.py", 3),
+    "open-pool-load.json": ("bench/open_pool_load.py", 3),
 }
 
 

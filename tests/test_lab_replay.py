@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,9 @@ from typing import Any
 import pytest
 
 from conftest import ROOT, SCENARIOS
+from unthrottle.cfs.workload import Workload
 from unthrottle.cli.output import lost_notes
-from unthrottle.lab.agreement import Comparison, compare
+from unthrottle.lab.agreement import RATIO_TOLERANCE, Comparison, compare, latency_close
 from unthrottle.model.scenario import RunSpec, load_scenario
 
 sys.path.insert(0, str(ROOT / "bench"))
@@ -78,13 +80,15 @@ def test_a_model_without_the_quota_disagrees_with_the_throttled_runs(
 
 
 def test_a_knife_edge_run_says_so_in_its_scenario_file() -> None:
-    """The only widened tolerance is the scenario file's, for the run it names."""
+    """A ratio is widened once, by the model's band over wake-ups: no seed run widens it
+    again in its scenario file. The one widened latency is the scenario file's, for the
+    run it names."""
     widened = {(load_scenario(p).name, r.label()): r.ratio_tolerance
                for p in SCENARIOS for r in load_scenario(p).runs if r.ratio_tolerance}  # fmt: skip
-    assert all(0 < t <= 0.10 for t in widened.values()), widened
+    assert widened == {}
     runs = [(load_scenario(p).name, r) for p in SCENARIOS for r in load_scenario(p).runs]
     latency = {(name, r.label()): r.latency_tolerance for name, r in runs if r.latency_tolerance}
-    assert latency == {("seed-004-open-pool", "0.6 CPU"): 0.30}
+    assert latency == {("seed-004-open-pool", "0.6 CPU"): 0.25}
     source = Path(ROOT / "operator" / "unthrottle" / "lab" / "agreement.py").read_text()
     assert "seed-" not in source  # the product knows no scenario by name
 
@@ -129,6 +133,59 @@ def test_only_a_run_on_a_knifes_edge_has_a_band(results: dict[str, Any]) -> None
     assert all(width <= 0.05 for width in bands.values()), bands
 
 
+def open_pool() -> tuple[Workload, int, RunSpec]:
+    """The open pool's workload, and its run at 0.6 CPU with that run's index."""
+    scenario = load_scenario(ROOT / "scenarios" / "seed-004-open-pool.yaml")
+    index, spec = next((i, r) for i, r in enumerate(scenario.runs) if r.cpus == 0.6)
+    return scenario.workload.to_workload(), index, spec
+
+
+def test_the_open_pools_ratio_is_held_to_its_band_and_the_default_tolerance_alone(
+    results: dict[str, Any],
+) -> None:
+    """The open pool at 0.6 CPU: its band (0.458–0.500) and the default ±0.05 hold every
+    ratio measured (0.43–0.52 over 14 runs beside a hog, ``placement.json``; 0.458 and
+    0.510 saved), which need up to 0.03 beyond the band; a ratio 0.08 beyond it, which
+    the band with the scenario file's old ±0.10 let pass, misses."""
+    workload, index, spec = open_pool()
+    entry = next(e for e in results["measurements"][0]["scenarios"]
+                 if e["name"] == "seed-004-open-pool")  # fmt: skip
+    saved = lab_vs_model.figures_from_json(entry["runs"][index])
+    cores = int(results["cores"])
+    low, high = compare(workload, spec, saved, cores).band
+    assert (round(low, 3), round(high, 3)) == (0.458, 0.5)
+    placement = json.loads((ROOT / "bench" / "results" / "placement.json").read_text())
+    ratios = [r for way in ("pinned", "unpinned") for r in placement["open_pool"][way]["ratio"]]
+    ratios += [e["runs"][index]["throttle_ratio"] for m in results["measurements"]
+               for e in m["scenarios"] if e["name"] == "seed-004-open-pool"]  # fmt: skip
+    beyond = max(max(low - r, r - high) for r in ratios)
+    assert 0.02 < beyond <= RATIO_TOLERANCE, (beyond, ratios)
+
+    def at(ratio: float) -> list[str]:
+        periods = saved.stat.nr_periods
+        stat = dataclasses.replace(saved.stat, nr_throttled=round(ratio * periods))
+        return compare(workload, spec, dataclasses.replace(saved, stat=stat), cores).misses
+
+    assert at(min(ratios)) == [] and at(max(ratios)) == []
+    assert at(low - 0.08) and at(high + 0.08)
+
+
+def test_the_open_pools_latency_tolerance_is_what_its_measurements_need() -> None:
+    """Its p95 over 14 runs beside a hog (61.5–93.6 ms, ``placement.json``) against the
+    model's: the tolerance is the smallest 5 % step that admits each of them on its own
+    (without the machine's excess, which those runs did not measure)."""
+    _, _, spec = open_pool()
+    placement = json.loads((ROOT / "bench" / "results" / "placement.json").read_text())
+    pool = placement["open_pool"]
+    model = pool["model_p95_ms"]
+    p95s = [p for way in ("pinned", "unpinned") for p in pool[way]["p95_ms"]]
+    assert len(p95s) == 14
+    needed = max(abs(p - model) / p for p in p95s)
+    assert 0.20 < needed < 0.25  # 61.5 against 75.4 ms
+    assert spec.latency_tolerance == math.ceil(needed / 0.05) * 0.05
+    assert all(latency_close(p, model, tolerance=spec.latency_tolerance) for p in p95s)
+
+
 def test_the_docs_quote_the_table_of_the_saved_runs(results: dict[str, Any]) -> None:
     table = lab_vs_model.table(lab_vs_model.agreements(results))
     assert table in (ROOT / "docs" / "benchmarks.md").read_text()
@@ -137,8 +194,8 @@ def test_the_docs_quote_the_table_of_the_saved_runs(results: dict[str, Any]) -> 
 def test_a_runs_latency_tolerance_widens_its_latency_and_only_that(
     results: dict[str, Any],
 ) -> None:
-    """The open pool at 0.6 CPU, measured 25 % slower at p95 than the model: a miss by the
-    default 15 %, within the 30 % its scenario file gives it."""
+    """The open pool at 0.6 CPU, measured 22 % slower at p95 than the model: a miss by the
+    default 15 %, within the 25 % its scenario file gives it."""
     scenario = load_scenario(ROOT / "scenarios" / "seed-004-open-pool.yaml")
     index, spec = next((i, r) for i, r in enumerate(scenario.runs) if r.latency_tolerance)
     entry = next(e for e in results["measurements"][0]["scenarios"] if e["name"] == scenario.name)
@@ -147,7 +204,7 @@ def test_a_runs_latency_tolerance_widens_its_latency_and_only_that(
     predicted = compare(workload, spec, measured, cores).predicted.latency
     slower = dataclasses.replace(
         measured, latency=dataclasses.replace(measured.latency, p50=predicted.p50,
-                                              p95=1.25 * predicted.p95))  # fmt: skip
+                                              p95=1.22 * predicted.p95))  # fmt: skip
     plain = spec.model_copy(update={"latency_tolerance": None})
     assert [m for m in compare(workload, plain, slower, cores).misses if "p95" in m]
     assert [m for m in compare(workload, spec, slower, cores).misses if "p95" in m] == []

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,6 +15,35 @@ from conftest import KERNEL_LAYOUT, ROOT
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
 RUN_KEYS = {"limit", "latency_ms", "wall_ms", "nr_periods", "nr_throttled", "throttled_ms",
             "nr_bursts", "burst_ms", "throttle_ratio"}  # fmt: skip
+MET = 0.05 + 0.02
+"""The target (0.05) and the goal's margin over it (docs/benchmarks.md §4)."""
+OVER = 1.25
+"""How far above the measured need a recommendation may go: the goal of issue 3 (ours
+within 1.25 × the kernel's minimum); the 10 % headroom takes most of it."""
+
+
+def needed_millicores(result: dict[str, Any]) -> float:
+    """What the test itself measured the workload to need: the demand today's run showed
+    (usage + the larger of throttled time and wait, over its wall time), or a smaller
+    limit that it saw meet the target (a baseline's, or ours), whichever is less."""
+    before = result["before"]
+    demand = before["usage_ms"] + max(before["throttled_ms"], before["wait_ms"])
+    tried = [(b["limit_millicores"], b["after"]) for b in result["baselines"]]
+    tried.append((result["recommendation"]["limit_millicores"], result["after"]))
+    if result["refined"]:
+        refined = result["refined"]
+        tried.append((refined["recommendation"]["limit_millicores"], refined["after"]))
+    met = [limit for limit, after in tried if after["throttle_ratio"] <= MET]
+    return min([1000 * demand / before["wall_ms"], *met])
+
+
+def assert_small(result: dict[str, Any]) -> None:
+    """Every recommendation of ours within ``OVER`` × the need the same run measured."""
+    need = needed_millicores(result)
+    ours = [result["recommendation"]["limit_millicores"]]
+    if result["refined"]:
+        ours.append(result["refined"]["recommendation"]["limit_millicores"])
+    assert all(limit <= OVER * need for limit in ours), (ours, f"need {need:.0f}m")
 
 
 @pytest.mark.kernel
@@ -41,7 +71,10 @@ def test_tune_brings_a_throttled_workload_under_the_target_where_vpa_does_not() 
     assert set(names) == {"vpa", "krr-simple-limit", "2x-average"}
     assert result["before"]["throttle_ratio"] > 0.9  # half a CPU for a busy thread
     final = result["refined"]["after"] if result["refined"] else result["after"]
-    assert final["throttle_ratio"] <= 0.05 + 0.02
+    assert final["throttle_ratio"] <= MET
+    # and no bigger than it needs: a busy thread wants one CPU (2x-average's 1002m met
+    # the target in docs/benchmarks.md §4; ours 1110m, with its 10 % headroom)
+    assert_small(result)
     # VPA sizes from censored usage and keeps the container throttled.
     assert names["vpa"]["after"]["throttle_ratio"] > 0.5
     assert names["vpa"]["limit_millicores"] < rec["limit_millicores"]
@@ -84,4 +117,6 @@ def test_on_a_busy_node_tune_meets_the_target_under_the_same_contention() -> Non
     assert rec["limit_millicores"] >= 1000
     final = result["refined"]["after"] if result["refined"] else result["after"]
     assert final["limit"]["other_threads"] == 2  # measured beside the same threads
-    assert final["throttle_ratio"] <= 0.05 + 0.02
+    assert final["throttle_ratio"] <= MET
+    # and no more than that core (+ headroom): today's run read usage + wait of one CPU
+    assert_small(result)

@@ -12,8 +12,9 @@ moved, for the span of the run, into a cgroup with ``cpu.idle`` 1 (Linux ≥ 5.1
 v1 and v2). The kernel then runs a waking lab worker at once on a CPU where only
 idle-class work runs, and places it there as on an idle CPU; the other processes
 get what the lab leaves. Afterwards they are moved back and the cgroup removed,
-also on errors. Beside the same hog, isolated, the open pool measured p95
-16–18 ms and the serial task 13–18 % (docs/benchmarks.md §3).
+also on errors. Isolated beside two hogs, the open pool measured p95 15–20 ms
+(docs/benchmarks.md §3, bench/results/open-pool-load.json) and the burst seed's serial
+task was throttled in 13–18 % of its periods.
 
 What it leaves alone: this process (the lab's dispatcher; its workers are in the
 run's cgroup) and every process it started (a test's agent or Prometheus, which

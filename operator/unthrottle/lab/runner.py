@@ -45,7 +45,7 @@ from unthrottle.cgroups.waits import WaitReader
 from unthrottle.lab.isolation import Isolation
 from unthrottle.lab.kernel import kernel_hz
 from unthrottle.lab.processes import LabError, OtherThreads, Workers, pin_apart
-from unthrottle.lab.sampling import PeriodSampler, PeriodSamples
+from unthrottle.lab.sampling import PeriodSampler, PeriodSamples, grant_of
 from unthrottle.model.scenario import RunSpec, Scenario
 
 _names = itertools.count()
@@ -204,7 +204,8 @@ def _measure(
             stack.enter_context(OtherThreads(run.other_threads, layout))
             t0 = _start_time(bandwidth, grid_ns, options.phase_us)
             sleep_until(t0 - LEAD_NS // 3)
-            sampler = PeriodSampler(cgroup, t0, bandwidth.period_us * 1000) if sample else None
+            sampler = PeriodSampler(cgroup, t0, bandwidth.period_us * 1000, boundary_ns=grid_ns,
+                                    grant_us=grant_of(bandwidth)) if sample else None  # fmt: skip
             if sampler is not None:
                 sampler.start()
             unwatch = watch(cgroup, t0, bandwidth.period_us * 1000) if watch else None

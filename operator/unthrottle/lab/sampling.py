@@ -12,6 +12,15 @@ taken 1 ms after each boundary: the kernel adds a period's throttled time
 when it unthrottles, at the refill, and 1 ms leaves time for that. (The node
 agent cannot see the grid; how much that costs it is measured in
 bench/window_alignment.py.)
+
+**A reading taken late** (the sampler thread waits its turn on a busy machine) does
+not split the counters in proportion to time: the throttled time of a period is booked
+at its refill, while usage runs on, on the next period's quota. A window that ends 40 ms
+late holds one refill, one period's throttled time and up to two quotas' usage; the
+next, one refill and the usage that is left. And a refill can come after the reading:
+the period timer (``nr_periods`` unchanged), or one CPU's unthrottle, books its stall in
+the next window. So a window's counters are attributed by the refills it holds
+(:func:`attribute`; docs/benchmarks.md §3, "Late readings").
 """
 
 from __future__ import annotations
@@ -23,12 +32,18 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from unthrottle.cfs.settings import Bandwidth
 from unthrottle.cgroups import Cgroup, CpuStat, Layout
 from unthrottle.cgroups.counters import CounterReader
 from unthrottle.cgroups.schedule import ScheduledReader
 from unthrottle.cgroups.waits import WaitReader
 
 AFTER_BOUNDARY_NS = 1_000_000
+LATE_NS = 5_000_000
+"""A reading this long after its boundary is late (the sampler aims at 1 ms after it):
+the usage it holds of the next period can pass what the period before could use."""
+Reading = tuple[int, CpuStat]
+"""When a reading was taken (CLOCK_MONOTONIC ns), and the counters it read."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,14 +107,118 @@ class CountersAndWaits(CounterReader):
         super().close()
 
 
-class PeriodSampler:
-    """Reads a lab cgroup once per period from ``start_ns`` on, 1 ms after each boundary."""
+def grant_of(bandwidth: Bandwidth) -> int | None:
+    """What one refill grants under ``bandwidth``, µs: quota + burst; None without a
+    quota. (A period can run a little over it on the runtime its CPUs kept from the
+    period before, up to a 5 ms slice each: 26.8 ms on a 25 ms quota was traced. A late
+    window keeps what its refills granted, the rest goes with the next.)"""
+    if bandwidth.quota_us is None:
+        return None
+    return bandwidth.quota_us + bandwidth.burst_us
 
-    def __init__(self, cgroup: Cgroup, start_ns: int, period_ns: int) -> None:
+
+@dataclass(frozen=True, slots=True)
+class Refills:
+    """Where a run's quota is refilled, and how much one refill can grant."""
+
+    start_ns: int
+    """When the run began: no refill before it counts."""
+    period_ns: int
+    boundary_ns: int
+    """One of the kernel's period boundaries (the lab calibrates it); without a quota,
+    the run's start."""
+    grant_us: int | None = None
+    """What one refill grants: quota + burst (:func:`grant_of`); None without a quota
+    (nothing bounds a period's usage)."""
+
+    def since_last(self, at_ns: int) -> int:
+        """How long after the last refill (a boundary of the grid) ``at_ns`` is, ns."""
+        return (at_ns - self.boundary_ns) % self.period_ns
+
+    def before(self, at_ns: int) -> int:
+        """How many refills have happened from the run's start to ``at_ns``."""
+        return (max(at_ns, self.start_ns) - self.boundary_ns) // self.period_ns - (
+            self.start_ns - self.boundary_ns
+        ) // self.period_ns
+
+
+def attribute(
+    readings: list[Reading], refills: Refills, threads: int = 0
+) -> tuple[list[int], list[int], list[int]]:
+    """Per-period usage, throttled time and wait (µs) from readings taken about once a
+    period, each window's counters attributed by the refills it holds (module docstring).
+
+    Under a quota the refills are the kernel's own (``nr_periods``, counted when its
+    period timer fires): a window that ran and holds none (the timer fired after the
+    reading) goes with the next, and one that holds n is n periods. Without a quota, the
+    grid's boundaries count. A window read late (more than :data:`LATE_NS` after its
+    boundary) holds usage of the period its last refill began: beyond n grants, it goes
+    with the next window. With ``threads`` known, throttled time beyond what they could
+    stall in a period is the period before's, booked after its reading (a CPU's
+    unthrottle can come later than the timer). What is still carried after the last
+    reading is one more period's.
+    """
+    usage: list[int] = []
+    throttled: list[int] = []
+    wait: list[int] = []
+    carried = [0, 0, 0, 0]
+    limited = refills.grant_us is not None
+    for (t0, a), (t1, b) in itertools.pairwise(readings):
+        carried[0] += b.usage_us - a.usage_us
+        carried[1] += b.throttled_us - a.throttled_us
+        carried[2] += b.wait_us - a.wait_us
+        carried[3] += b.nr_periods - a.nr_periods
+        ran = carried[0] > 0 or carried[1] > 0
+        n = carried[3] if limited and ran else refills.before(t1) - refills.before(t0)
+        if n <= 0:
+            continue
+        used = carried[0]
+        if refills.grant_us is not None and refills.since_last(t1) > LATE_NS:
+            used = min(used, n * refills.grant_us)
+        for out, total in ((usage, used), (throttled, carried[1]), (wait, carried[2])):
+            out.extend(round(total * (i + 1) / n) - round(total * i / n) for i in range(n))
+        carried = [carried[0] - used, 0, 0, 0]
+    if any(carried[:3]):
+        usage.append(carried[0])
+        throttled.append(carried[1])
+        wait.append(carried[2])
+    if threads:
+        _back(usage, throttled, threads * refills.period_ns // 1000)
+    return usage, throttled, wait
+
+
+def _back(usage: list[int], throttled: list[int], most_us: int) -> None:
+    """Throttled time that would make a period want more than its threads can
+    (``most_us``) goes back to the period before, as far as that one has room."""
+    for i in range(len(usage) - 1, 0, -1):
+        excess = usage[i] + throttled[i] - most_us
+        room = most_us - usage[i - 1] - throttled[i - 1]
+        move = min(excess, room, throttled[i])
+        if move > 0:
+            throttled[i] -= move
+            throttled[i - 1] += move
+
+
+class PeriodSampler:
+    """Reads a lab cgroup once per period from ``start_ns`` on, 1 ms after each of the
+    kernel's boundaries (``boundary_ns`` is one; without a quota, ``start_ns`` is)."""
+
+    def __init__(
+        self,
+        cgroup: Cgroup,
+        start_ns: int,
+        period_ns: int,
+        *,
+        boundary_ns: int | None = None,
+        grant_us: int | None = None,
+    ) -> None:
         self.reader = CountersAndWaits(cgroup.layout, cgroup.path)
         self.period_ns = period_ns
+        boundary = start_ns if boundary_ns is None else boundary_ns
+        self.refills = Refills(start_ns, period_ns, boundary, grant_us)
+        first = boundary + ((start_ns - boundary) // period_ns + 1) * period_ns
         self.schedule = ScheduledReader(
-            self.reader, start_ns + period_ns, period_ns, AFTER_BOUNDARY_NS, baseline=True
+            self.reader, first, period_ns, AFTER_BOUNDARY_NS, baseline=True
         )
 
     def start(self) -> None:
@@ -112,19 +231,9 @@ class PeriodSampler:
         self.reader.close()
 
     def samples(self) -> PeriodSamples:
-        """What was sampled, as arrays, each window as one period's worth.
-
-        A reading taken late (the sampler thread waits its turn on a busy machine)
-        makes one window span more than a period; it is scaled by its real length
-        so that it does not read as twice the demand.
-        """
-        readings = self.schedule.readings
-        usage, throttled, wait = [], [], []
-        for (t0, a), (t1, b) in itertools.pairwise(readings):
-            scale = self.period_ns / (t1 - t0) if t1 - t0 > 1.5 * self.period_ns else 1.0
-            usage.append(round((b.usage_us - a.usage_us) * scale))
-            throttled.append(round((b.throttled_us - a.throttled_us) * scale))
-            wait.append(round((b.wait_us - a.wait_us) * scale))
+        """What was sampled, as arrays, a period each, attributed by refills."""
+        threads = self.reader.most_threads
+        usage, throttled, wait = attribute(self.schedule.readings, self.refills, threads)
         return PeriodSamples(
             np.asarray(usage, dtype=np.int64),
             np.asarray(throttled, dtype=np.int64),
