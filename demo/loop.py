@@ -578,7 +578,7 @@ def honest(results: dict[str, Any], recommended: dict[str, Any]) -> list[str]:
             out.append(f"{name}: the operator expected {guess * 100:.1f} % of periods "
                        f"throttled at {format_cpu(after['limit_millicores'])}, the kernel "
                        f"counted {after['throttle_ratio'] * 100:.1f} %: its estimate of the "
-                       "demand was wrong here (issue 28)")  # fmt: skip
+                       "demand was wrong here")  # fmt: skip
     return out
 
 
