@@ -310,6 +310,16 @@ def named_by_agent(prometheus_url: str) -> list[str]:
                                  '{container!=""}[10m]))'))  # fmt: skip
 
 
+def agent_wait(prometheus_url: str, pods: dict[str, Pod]) -> dict[str, float | None]:
+    """The time each container's threads waited for a CPU over the last ``MEASURE_S``, as
+    the agent counts it (throttled, or behind other processes: its schedstat run delay,
+    which unthrottle counts into the demand; cAdvisor has no such counter)."""
+    found = {r["metric"]["pod"]: float(r["value"][1]) for r in query(
+        prometheus_url, f"increase(unthrottle_cpu_wait_seconds_total{{namespace=\"{NS}\","
+        f"container=\"{CONTAINER}\"}}[{MEASURE_S}s])")}  # fmt: skip
+    return {name: found.get(pod.name) for name, pod in pods.items()}
+
+
 def query(prometheus_url: str, promql: str) -> list[dict[str, Any]]:
     url = f"{prometheus_url}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
     with urllib.request.urlopen(url, timeout=10) as reply:
@@ -525,7 +535,9 @@ def settings(m: Measured) -> str:
 
 
 def compare(today: dict[str, Pod], now: dict[str, Pod], before: dict[str, Measured],
-            after: dict[str, Measured]) -> dict[str, Any]:  # fmt: skip
+            after: dict[str, Measured],
+            waits: tuple[dict[str, float | None], dict[str, float | None]]
+            ) -> dict[str, Any]:  # fmt: skip
     """The before / after table, and its figures for the JSON."""
     say("7. before and after, from the kernel's counters of the cgroups the kubelet made "
         f"({MEASURE_S} s each, both pods at once)")  # fmt: skip
@@ -540,7 +552,9 @@ def compare(today: dict[str, Pod], now: dict[str, Pod], before: dict[str, Measur
                          settings(m), f"{fig['throttle_ratio'] * 100:.0f} %",
                          f"{fig['pod_throttle_ratio'] * 100:.0f} % / "
                          f"{fig['pod_throttled_s']:.1f} s", p99))  # fmt: skip
+            waited = waits[0 if label == "today" else 1].get(name)
             results[name]["before" if label == "today" else "after"] = fig | {
+                "agent_wait_s": waited,
                 "pod": pod.name, "uid": pod.uid, "container_id": pod.container_id,
                 "restarts": pod.restarts, "limit_millicores": pod.limit_millicores,
                 "burst_us": pod.burst_us}  # fmt: skip
@@ -578,8 +592,17 @@ def honest(results: dict[str, Any], recommended: dict[str, Any]) -> list[str]:
             out.append(f"{name}: the operator expected {guess * 100:.1f} % of periods "
                        f"throttled at {format_cpu(after['limit_millicores'])}, the kernel "
                        f"counted {after['throttle_ratio'] * 100:.1f} %: its estimate of the "
-                       "demand was wrong here")  # fmt: skip
+                       "demand was wrong here" + waited(figures["before"]))  # fmt: skip
     return out
+
+
+def waited(fig: dict[str, Any]) -> str:
+    """What the agent counted of the container's wait, beside the CPU time it used."""
+    if fig.get("agent_wait_s") is None:
+        return ""
+    return (f" (before the resize its threads waited {fig['agent_wait_s']:.1f} s for a CPU "
+            f"in {MEASURE_S} s, throttled or behind other processes, as the agent counts it, "
+            f"and used {fig['usage_s']:.1f} s)")  # fmt: skip
 
 
 def closing(plane: ControlPlane, report: Path) -> None:
@@ -636,18 +659,20 @@ def on_the_node(layout: Any, folder: Path) -> dict[str, Any]:
                   lambda found: all(f"{p.name}/{CONTAINER}" in found for p in today.values()),
                   timeout_s=60)  # fmt: skip
             before = measure(layout, node, today, "today")
+            waits = [agent_wait(prom.url, today)]
             with operator(kubeconfigs["operator"], prom.url, folder):
                 recommended = recommend(admin)
                 report = write_report(admin)
                 now = resize_in_place(admin, today)
                 burst_written(layout, node, now)
                 after = measure(layout, node, now, "resized")
+                waits.append(agent_wait(prom.url, now))
                 records = verdicts(admin, list(today))
                 now = current(admin, today)
             named, cadvisor = named_by_agent(prom.url), cadvisor_containers(prom.url)
         print(f"  the agent named: {', '.join(named)}\n  cAdvisor's series in {NS}: "
               f"{', '.join(cadvisor)} (container \"\": the pod cgroup and the pause)")  # fmt: skip
-        results = compare(today, now, before, after)
+        results = compare(today, now, before, after, (waits[0], waits[1]))
         misses = honest(results, recommended)
         for line in misses:
             print(f"  measured: {line}")
