@@ -172,6 +172,10 @@ def demo_after(name: str, key: str) -> Any:
     return results("demo-real-node.json")["workloads"][name]["after"][key]
 
 
+def demo_before(name: str, key: str) -> Any:
+    return results("demo-real-node.json")["workloads"][name]["before"][key]
+
+
 def demo_expected(name: str) -> str:
     (w,) = [w for w in results("demo-real-node.json")["recommended"] if w["deployment"] == name]
     return number(w["containers"][0]["expectedThrottleRatio"] * 100, 1) + " %"
@@ -308,13 +312,25 @@ QUOTES: list[Quote] = [
      lambda: demo_span("before", "pod_throttled_s", 1, " s")),
     ("README.md", "beside their containers' own {}",
      lambda: demo_span("before", "throttle_ratio", 0, " %", 100)),
-    ("README.md", "containers' own 38–44 % ({}), and 0 % after",
+    ("README.md", "containers' own 10–15 % ({}), and 0 % after",
      lambda: demo_span("before", "throttled_s", 1, " s")),
+    ("README.md", "pod cgroup was throttled {} in 30 s",
+     lambda: f"{demo_before('batch', 'pod_throttled_s'):.1f} s"),
+    ("README.md", "unthrottle sizes from, show {}",
+     lambda: f"{demo_before('batch', 'throttled_s'):.1f} s"),
+    ("README.md", "the pool's threads waited {} for a",
+     lambda: f"{demo_before('pool', 'agent_wait_s'):.1f} s"),
+    ("README.md", "(their quota throttled them {}), and used",
+     lambda: f"{demo_before('pool', 'throttled_s'):.1f} s"),
+    ("README.md", "throttled them 1.0 s), and used {}; the engine counts",
+     lambda: f"{demo_before('pool', 'usage_s'):.1f} s"),
+    ("README.md", "where the kernel counted {}",
+     lambda: f"{demo_after('pool', 'throttle_ratio') * 100:.1f} %"),
     ("README.md", "the batch got {} and a",
      lambda: number(demo_after("batch", "limit_millicores")) + "m"),
     ("README.md", "and a {} burst there",
      lambda: f"{demo_after('batch', 'burst_us') / 1000:g} ms"),
-    ("README.md", "the operator expected the pool {} throttled", lambda: demo_expected("pool")),
+    ("README.md", "so it expected the pool {} throttled", lambda: demo_expected("pool")),
     ("docs/benchmarks.md", "median {} (7 runs", lambda: model_speed(3)),
 ]  # fmt: skip
 
