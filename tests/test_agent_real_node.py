@@ -40,6 +40,9 @@ from unthrottle.devtools.prometheus import PrometheusServer, free_port
 pytestmark = [pytest.mark.kernel, requires_prometheus]
 
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
+STALE_S = 1.0
+"""How much older than a reading of ``cpu.stat`` the agent's last sample may be: ten of its
+100 ms samples, for a sampler that a loaded 2-core machine does not always run on time."""
 COUNTERS = ("cfs_periods_total", "cfs_throttled_periods_total", "usage_seconds_total",
             "cfs_throttled_seconds_total")  # fmt: skip
 
@@ -125,14 +128,17 @@ def test_the_agent_names_the_kubelets_containers_and_exports_their_cpu_stat(
                 got = {c: series(text, f"unthrottle_cpu_{c}", namespace=ns, pod=name,
                                  container=container)[(ns, name, container)]
                        for c in COUNTERS}  # fmt: skip
-                # the agent's sample is at most one 100 ms period (and a scheduling delay)
-                # older than the reading before the scrape, and never newer than the one after
-                assert low.nr_periods - 3 <= got["cfs_periods_total"] <= high.nr_periods, got
-                assert (low.nr_throttled - 3 <= got["cfs_throttled_periods_total"]
+                # the agent's sample is never newer than the reading after the scrape, and
+                # older than the one before by one 100 ms sample and a scheduling delay:
+                # STALE_S at most, on this shared machine
+                assert (low.nr_periods - 10 * STALE_S - 1 <= got["cfs_periods_total"]
+                        <= high.nr_periods), got  # fmt: skip
+                assert (low.nr_throttled - 10 * STALE_S - 1 <= got["cfs_throttled_periods_total"]
                         <= high.nr_throttled), got  # fmt: skip
-                assert (low.usage_us / 1e6 - 0.25 <= got["usage_seconds_total"]
+                # usage: 500m at most; throttled time: summed over the node's 2 CPUs
+                assert (low.usage_us / 1e6 - 0.5 * STALE_S <= got["usage_seconds_total"]
                         <= high.usage_us / 1e6), got  # fmt: skip
-                assert (low.throttled_us / 1e6 - 0.25 <= got["cfs_throttled_seconds_total"]
+                assert (low.throttled_us / 1e6 - 2 * STALE_S <= got["cfs_throttled_seconds_total"]
                         <= high.throttled_us / 1e6), got  # fmt: skip
             assert before[0].nr_throttled > 0  # 500m for two 60 ms tasks at once: throttled
             time.sleep(1)
@@ -174,8 +180,10 @@ def test_the_agents_series_join_cadvisors_on_namespace_pod_and_container(
                     for r in found}  # fmt: skip
             assert (name, "app") in both, both
             # The same cpu.stat read by both: the agent every 100 ms, cAdvisor on its own
-            # housekeeping (up to ~15 s behind here), so the agent is ahead by at most that.
-            assert -2 <= both[(name, "app")] <= 15 * 10, both
+            # housekeeping (10-15 s apart), each scraped in its own second: the agent is
+            # ahead by at most 30 s of periods (ten a second, every period throttled), and
+            # behind by no more than 2 s of them.
+            assert -20 <= both[(name, "app")] <= 30 * 10, both
             # cAdvisor also has the pod's cgroup and the pause container as container="":
             # two series the agent's one pod-level series cannot join one to one
             pod_level = query(
