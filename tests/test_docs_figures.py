@@ -306,6 +306,10 @@ QUOTES: list[Quote] = [
     # the model's speed: §1 and README
     ("README.md", "of 100 ms periods takes {};", lambda: model_speed(2)),
     # `make demo` on the real node: README's quick start and "Limits"
+    ("README.md", "({} s in all, with the control plane's and the node's start)",
+     lambda: results("demo-real-node.json")["elapsed_s"]),
+    ("README.md", "the whole loop (about {} min)",
+     lambda: number(results("demo-real-node.json")["elapsed_s"] / 60, 1)),
     ("README.md", "before the resize the pod cgroups throttled {} of their periods",
      lambda: demo_span("before", "pod_throttle_ratio", 0, " %", 100)),
     ("README.md", "of their periods ({} in 30 s)",
