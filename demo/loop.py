@@ -435,8 +435,8 @@ def on_the_node(layout: Any, folder: Path) -> dict[str, Any]:
                 now = current(admin, today)
             named, cadvisor = named_by_agent(prom.url), cadvisor_containers(prom.url)
         print(f"  the agent named: {', '.join(named)}\n  cAdvisor's series in {NS}: "
-              f"{', '.join(cadvisor)} (container \"\": the pause container; the pod "
-              "cgroup's own series has no pod label there)")  # fmt: skip
+              f"{', '.join(cadvisor)} (container \"\": the pod's own cgroup and its pause "
+              "container, told apart only by id)")  # fmt: skip
         results = compare(today, now, before, after, (waits[0], waits[1]))
         misses = honest(results, recommended)
         for line in misses:

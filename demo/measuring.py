@@ -259,7 +259,7 @@ def waited(fig: dict[str, Any]) -> str:
 
 def cadvisor_containers(prometheus_url: str) -> list[str]:
     """``pod/container`` of cAdvisor's CPU series in ``shop`` (``container=""``: the pod's
-    pause container; the pod's own cgroup has no pod label in cAdvisor's series)."""
+    own cgroup and its pause container, told apart only by ``id``)."""
     return sorted(
         f"{r['metric'].get('pod')}/{r['metric'].get('container', '')}"
         for r in query(

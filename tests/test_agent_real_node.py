@@ -8,8 +8,8 @@ client certificate, allowed ``nodes/metrics``).
 - its counters are the containers' ``cpu.stat`` (read before and after a scrape: within
   the one 100 ms sample the agent may be behind);
 - its series join cAdvisor's on ``namespace``, ``pod``, ``container`` in Prometheus;
-- cAdvisor's ``container=""`` series of a pod is its pause container's; the pod's own
-  cgroup (with the pod-level quota) is exported by ``id`` alone, without a pod label;
+- cAdvisor's ``container=""`` series of a pod are two cgroups, the pod's own (with the
+  pod-level quota) and its pause container's, told apart only by ``id``;
 - ``unthrottle recommend`` runs on cAdvisor's own series alone (their label set: ``id``,
   ``image``, ``name``; the pause container's ``container=""``) and sizes the one container
   of the pod's spec, from its throttling.
@@ -186,21 +186,24 @@ def test_the_agents_series_join_cadvisors_on_namespace_pod_and_container(
             # ahead by at most 30 s of periods (ten a second, every period throttled), and
             # behind by no more than 2 s of them.
             assert -20 <= both[(name, "app")] <= 30 * 10, both
-            # cAdvisor's container="" series of the pod is its pause container (the
-            # sandbox's cgroup, below the pod's); the pod's own cgroup, whose quota
-            # throttles too, is exported by id alone, with no namespace or pod label
-            # (the kubelet labels a cgroup from its container's runtime labels): no
-            # query by pod name finds it, and it cannot join the agent's pod-level series
+            # cAdvisor's container="" series of the pod are two cgroups, told apart only by
+            # id: the pod's own (whose quota throttles too) and the pause container's below
+            # it, where the agent has one pod-level series
             uid = pod["metadata"]["uid"]
             pod_cgroup = f"/{real_node.cgroup_parent}/kubepods/burstable/pod{uid}"
-            pause = query(
+            own = kube.until("cAdvisor's series of the pod's own cgroup",
+                             lambda: query(prom.url, "container_cpu_cfs_throttled_periods_total"
+                                                     f'{{id="{pod_cgroup}"}}'),
+                             lambda r: len(r) == 1, timeout_s=60)  # fmt: skip
+            labels = own[0]["metric"]
+            assert (labels.get("namespace"), labels.get("pod"), labels.get("container", "")) == (
+                ns, name, ""), labels  # fmt: skip
+            pod_level = query(
                 prom.url,
                 f'container_cpu_usage_seconds_total{{namespace="{ns}",pod="{name}",container=""}}',
             )
-            assert [r["metric"]["id"].rsplit("/", 1)[0] for r in pause] == [pod_cgroup], pause
-            own = query(prom.url, f'container_cpu_cfs_throttled_periods_total{{id="{pod_cgroup}"}}')
-            assert len(own) == 1, own
-            assert not {"namespace", "pod", "container"} & set(own[0]["metric"]), own
+            ids = {r["metric"]["id"] for r in pod_level}
+            assert ids and all(i == pod_cgroup or i.startswith(pod_cgroup + "/") for i in ids), ids
 
 
 def test_recommend_runs_on_the_kubelets_own_cadvisor_series(
@@ -225,7 +228,7 @@ def test_recommend_runs_on_the_kubelets_own_cadvisor_series(
             "--format", "json",
         ], capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    # the real label set: the pause container is container="" (the pod cgroup has no pod label)
+    # the real label set: the pod cgroup and the pause container are container=""
     assert {r["metric"].get("container", "") for r in labels} == {"app", ""}, labels
     assert {"id", "image", "name"} <= set(
         next(r["metric"] for r in labels if r["metric"].get("container") == "app")
