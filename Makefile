@@ -24,10 +24,11 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-## The local demo: the whole loop on this kernel (root) — a real control plane with kwok's fake
-## nodes, Deployments rolled out on them, their pods' workloads in kubelet-like cgroups, the
-## agent, a real Prometheus, the operator (Recommend, then Apply), the new pods' limits written
-## back, before / after measured, the HTML report.
+## The local demo: the whole loop on this machine (root) — a real control plane and a real
+## node (kubelet, containerd, runc), two throttled Deployments on it, the agent, a real
+## Prometheus scraping it and the kubelet's cAdvisor, `unthrottle operator` (Recommend, then
+## Apply InPlace: the kubelet resizes the running pods), before / after from the kernel's
+## counters, the HTML report.
 demo: $(STAMP) prometheus browser controlplane
 	$(BIN)/python demo/loop.py
 

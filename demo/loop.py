@@ -1,34 +1,30 @@
-"""`make demo`: the whole loop on this machine, with a real kernel and a real control plane.
+"""`make demo`: the whole loop on this machine, on a real control plane and a real node.
 
-    .venv/bin/python demo/loop.py            (run by `make demo`; root for the kernel part)
+    .venv/bin/python demo/loop.py            (run by `make demo`; root: the node makes cgroups)
 
-1. A real Kubernetes control plane starts in the demo's temp folder: kube-apiserver, etcd,
-   kube-controller-manager and kube-scheduler (built from their Go modules by `make
-   controlplane`), with one fake node (kwok) standing in for a node and its kubelet.
-2. Two Deployments (the request pool and the parallel batch from scenarios/, both throttled
-   today) are rolled out by the real Deployment controller onto the fake node. When a pod
-   starts, its cgroups are made as a kubelet (cgroupfs driver) makes them, from the pod
-   object (the UID the API server gave it, the container ID its kubelet, kwok, reported):
-   ``kubepods/burstable/pod<uid>`` with the sum of its containers' limits as quota, and
-   ``…/<container id>`` with the container's own, period 100 ms. They live as long as the
-   pod; the pod's workload runs in its container's cgroup.
-3. The node agent names those cgroups through the API, samples them every 100 ms and
-   writes the burst that pod annotations ask for; a real Prometheus scrapes the agent.
-4. The operator reconciles a ThrottlePolicy on the API server: Recommend mode, then Apply
-   with ``apply.method: InPlace``: each running pod is resized through its ``resize``
-   subresource (a canary first; with one pod per Deployment, the canary is the pod), and
-   its burst annotation set; the pod template is not patched. kwok does not act on
-   resizes: a stand-in kubelet (``ResizingKubelet``) admits each resize and writes the new
-   quota into the pod's cgroups, in the order the kernel accepts, before reporting it done.
-5. The agent writes the new burst into the same cgroups, and the workloads run again in
-   the same containers' cgroups: no pod restarted.
-6. A before / after table, and the HTML report's path.
+1. A real Kubernetes control plane starts in the demo's temp folder (kube-apiserver, etcd,
+   kube-controller-manager, kube-scheduler), and a real node joins it: a kubelet,
+   containerd and runc, built from their Go modules by `make controlplane`
+   (``unthrottle.devtools.kube.RealNode``). The chart's RBAC is applied (rendered by Helm's
+   own SDK): the operator and the agent run on their ServiceAccounts' tokens.
+2. Two Deployments of the workload image (the request pool and the parallel batch from
+   scenarios/, both throttled today) are scheduled onto the node; the kubelet makes their
+   cgroups, the pod-level quota included, and each pod runs its scenario over and over
+   (``unthrottle lab workload``).
+3. The node agent finds the containers' cgroups below the node's cgroup root, names them
+   through the API and writes the burst pod annotations ask for; a real Prometheus scrapes
+   it and the kubelet's ``/metrics/cadvisor`` (HTTPS, a token allowed ``nodes/metrics``).
+4. ``unthrottle operator`` runs as a process, as users run it: a ThrottlePolicy in
+   Recommend mode, then Apply with ``apply.method: InPlace``: each running pod is resized
+   through its ``resize`` subresource and the real kubelet writes the new quota; the
+   operator verifies its canary for ``apply.verifyFor`` and gives its own verdict.
+5. Before and after, from the kernel's counters of the cgroups the kubelet made (the
+   container's and the pod's), and the p99 the pods' own logs report; the HTML report.
 
-Without root (no cgroups to write), the same operator loop runs on the same control plane
-over a day of synthesized history, and the CFS model gives the throttling before and after;
-Apply there rolls out new pods (``apply.method: Rollout``): with no cgroup to resize, an
-in-place resize would show nothing the rollout does not.
-Everything started here is stopped by its PID, and every cgroup removed, also on Ctrl-C.
+Without root there is no node to start (the kubelet, containerd and runc need it): the demo
+says so and exits; `make demo-lab` shows the model and `recommend` without root.
+Everything started here is stopped by its PID, and the node's cgroups, mounts and bridge
+removed, also on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -43,358 +39,173 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "tests")]
-from kube import Kube  # noqa: E402  (plain calls to the API server, and rollout waits)
-from unthrottle.cfs.settings import Bandwidth, format_cpu, parse_cpu  # noqa: E402
-from unthrottle.devtools.kube import (  # noqa: E402
+from measuring import (
+    CONTAINER,
+    NS,
+    TARGET,
+    Pod,
+    agent_wait,
+    cadvisor_containers,
+    compare,
+    honest,
+    measure,
+    named_by_agent,
+    say,
+)
+
+from unthrottle.cfs.settings import format_cpu
+from unthrottle.devtools.kube import (
     BuildError,
     ControlPlane,
     KubectlError,
+    RealNode,
     StartError,
     ensure_built,
+    ensure_node_built,
+    scenario_objects,
 )
-from unthrottle.devtools.processes import stop  # noqa: E402
-from unthrottle.devtools.prometheus import PrometheusServer, free_port, have_prometheus  # noqa: E402
-from unthrottle.model.burst import burst_specs, spec_for  # noqa: E402
-from unthrottle.model.scenario import RunSpec, Scenario, load_scenario  # noqa: E402
+from unthrottle.devtools.kube.admin import Admin, until
+from unthrottle.devtools.processes import stop
+from unthrottle.devtools.prometheus import PrometheusServer, free_port, have_prometheus
 
+ROOT = Path(__file__).resolve().parent.parent
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
 POLICIES = "unthrottle.io/v1alpha1/throttlepolicies"
-NS = "shop"
-CONTAINER = "app"
-TARGET = 0.05
-PERIOD_US = 100_000
-"""The kubelet's CFS period (its ``cpuCFSQuotaPeriod`` default)."""
-IN_PLACE = {"mode": "Apply", "apply": {"method": "InPlace", "maxConcurrent": 2}}
-"""Apply, resizing the running pods; both Deployments at once."""
+DEPLOYMENTS = "apps/v1/deployments"
+RELEASE_NS = "unthrottle"
+"""Where the chart's ServiceAccounts live (its release namespace)."""
+VERIFY = "1m"
+"""``apply.verifyFor``: the least the policy allows; the demo waits for the verdict."""
+APPS = (("pool", "tune-open-pool.yaml", "600m", "150m"),
+        ("batch", "tune-batch-parallel.yaml", "1", "250m"))  # fmt: skip
+"""Name, scenario, CPU limit (as in the scenario) and request of each Deployment."""
 SAVE = os.environ.get("UNTHROTTLE_DEMO_JSON")
 """Where to write the before / after figures as JSON too (the demo's test reads them)."""
 
 
-def save(doc: dict[str, Any]) -> None:
-    if SAVE:
-        Path(SAVE).write_text(json.dumps(doc, indent=1))
-
-
-def say(step: str) -> None:
-    print(f"\n==> {step}", flush=True)
-
-
-# -- the control plane ---------------------------------------------------------------------
+# -- the cluster: a control plane, a real node, the chart's RBAC ---------------------------
 
 
 @contextmanager
-def control_plane(folder: Path) -> Iterator[Kube]:
-    """A real control plane with one fake node, the ThrottlePolicy CRD applied with its own
-    kubectl (as the README says), and the ``shop`` namespace; stopped by PID at the end."""
-    say("a real Kubernetes control plane (built from its Go modules), one fake node (kwok)")
-    with ControlPlane(folder / "control-plane", nodes=1, binaries=ensure_built()) as plane:
+def cluster(folder: Path) -> Iterator[tuple[Admin, RealNode]]:
+    """The control plane (no fake node) and the real node, the CRD applied with kubectl as
+    the README says, the ``shop`` namespace; stopped by PID at the end, node first."""
+    say("1. a real control plane and a real node (kubelet, containerd, runc), built from "
+        "their Go modules")  # fmt: skip
+    plane = ControlPlane(folder / "control-plane", nodes=0, binaries=ensure_built())
+    with plane, RealNode(plane, folder / "node") as node:
         print(f"  Kubernetes {plane.version} at {plane.server}: kube-apiserver, etcd, "
-              f"kube-controller-manager, kube-scheduler and kwok, ready in "
-              f"{plane.started_in_s:.0f} s", flush=True)  # fmt: skip
+              f"kube-controller-manager, kube-scheduler, ready in {plane.started_in_s:.0f} s",
+              flush=True)  # fmt: skip
+        print(f"  node {node.name}: kubelet {plane.version}, containerd and runc, cgroupfs "
+              f"driver, pods below /{node.cgroup_parent}/kubepods, Ready in "
+              f"{node.started_in_s:.0f} s", flush=True)  # fmt: skip
         try:
             plane.install_crds(ROOT / "crds" / "throttlepolicy.yaml")
         except KubectlError as error:
             raise SystemExit(str(error)) from None
-        kube = Kube(plane, NS)
-        kube.create_namespace(NS)
-        yield kube
+        admin = Admin(plane)
+        for namespace in (NS, RELEASE_NS):
+            admin.create_namespace(namespace)
+        yield admin, node
 
 
-@dataclass(frozen=True)
-class Pod:
-    """A running pod as the API server and its kubelet (kwok) report it: what names its
-    cgroups, and the limit and burst its container was given."""
+def chart_rbac(admin: Admin) -> dict[str, str]:
+    """The chart's ServiceAccounts and RBAC, rendered by Helm's Go SDK (helm-python-sdk, as
+    ``helm template``) with Apply enabled and the operator watching ``shop``, applied with
+    kubectl; component → ServiceAccount name. The admission webhook is off: each Deployment
+    has one pod, and no new pod is made while the demo runs."""
+    import helm_python as helm
+    import yaml
 
-    name: str
-    uid: str
-    qos: str
-    node: str
-    container_id: str
-    restarts: int
-    limit_millicores: int
-    burst_us: int
-
-    @classmethod
-    def of(cls, obj: dict[str, Any]) -> Pod:
-        meta, spec, status = obj["metadata"], obj["spec"], obj["status"]
-        (cs,) = [cs for cs in status["containerStatuses"] if cs["name"] == CONTAINER]
-        (container,) = [c for c in spec["containers"] if c["name"] == CONTAINER]
-        limit = parse_cpu(container["resources"]["limits"]["cpu"])
-        asked = spec_for(burst_specs(meta.get("annotations") or {}), CONTAINER)
-        burst, _ = asked.resolve(quota_of(limit)) if asked else (0, False)
-        return cls(meta["name"], meta["uid"], status["qosClass"], spec["nodeName"],
-                   cs["containerID"].partition("://")[2], int(cs.get("restartCount") or 0),
-                   limit, burst)  # fmt: skip
-
-    @property
-    def cgroup(self) -> str:
-        """The pod's cgroup below the kubelet's parent (cgroupfs driver)."""
-        qos = {"Guaranteed": "", "Burstable": "burstable/", "BestEffort": "besteffort/"}
-        return f"kubepods/{qos[self.qos]}pod{self.uid}"
-
-    @property
-    def container_cgroup(self) -> str:
-        """Its container's cgroup, below the pod's."""
-        return f"{self.cgroup}/{self.container_id}"
-
-    def settings(self) -> RunSpec:
-        """The limit and burst the kubelet and the agent write into its container's cgroup."""
-        return RunSpec(cpus=self.limit_millicores / 1000, burst_ms=self.burst_us / 1000)
-
-    def describe(self) -> str:
-        burst = f", burst {self.burst_us / 1000:g} ms" if self.burst_us else ""
-        return (f"pod {NS}/{self.name} on {self.node}: limit {format_cpu(self.limit_millicores)}"
-                f"{burst}; cgroup {self.cgroup}/{self.container_id[:12]}…")  # fmt: skip
+    values = {"operator": {"watchNamespaces": [NS],
+                           "apply": {"enabled": True, "inPlace": {"webhook": False}}}}  # fmt: skip
+    with (
+        helm.Chart.load(ROOT / "charts" / "unthrottle") as chart,
+        helm.Config(kubeconfig_path=admin.plane.kubeconfig, namespace=RELEASE_NS) as config,
+    ):
+        files = config.render(chart, values, name="unthrottle", namespace=RELEASE_NS,
+                              is_install=True)  # fmt: skip
+    kinds = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+    rbac = [doc for path, text in sorted(files.items()) if path.endswith(".yaml")
+            for doc in yaml.safe_load_all(text) if doc and doc["kind"] in kinds]  # fmt: skip
+    rendered = admin.plane.folder / "chart-rbac.yaml"
+    rendered.write_text(yaml.safe_dump_all(rbac))
+    admin.plane.kubectl("apply", "-f", str(rendered))
+    return {doc["metadata"]["labels"]["app.kubernetes.io/component"]: doc["metadata"]["name"]
+            for doc in rbac if doc["kind"] == "ServiceAccount"}  # fmt: skip
 
 
-def quota_of(millicores: int) -> int:
-    """The kubelet's quota for a CPU limit (milliCPUToQuota): limit × period, at least 1 ms."""
-    return max(millicores * PERIOD_US // 1000, 1000)
-
-
-def pod_of(kube: Kube, deployment: str) -> Pod:
-    """A pod of the Deployment's current ReplicaSet, once its rollout is complete."""
-    rs = kube.replicaset_of(kube.rolled_out(NS, deployment, timeout_s=90))
-    return Pod.of(kube.pods_of(rs)[0])
-
-
-# -- the operator ----------------------------------------------------------------------------
-
-
-def reconciler(kube: Kube, prometheus_url: str) -> Any:
-    """The operator's reconciler, in this process, against the API server."""
-    from kubernetes import client
-
-    from unthrottle.kube.deployments import KubeDeployments
-    from unthrottle.kube.objects import KubeObjects
-    from unthrottle.kube.pods import KubePods
-    from unthrottle.kube.workloads import KubeWorkloadStore
-    from unthrottle.metrics.source import PrometheusConfig, PrometheusSource
-    from unthrottle.operator.reconcile import Reconciler
-    from unthrottle.operator.settings import OperatorSettings
-
-    api = kube.api_client()
-    source = PrometheusSource(PrometheusConfig(prometheus_url))
-    return Reconciler(
-        OperatorSettings(source.config), metrics=source,
-        workloads=KubeWorkloadStore(client.CoreV1Api(api), client.AppsV1Api(api)),
-        objects=KubeObjects(api), deployments=KubeDeployments(api), pods=KubePods(api),
-    )  # fmt: skip
-
-
-def reconcile(kube: Kube, operator: Any, spec: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Create or update the policy (``spec`` None: as it is), reconcile it once, return its
-    status."""
-    if spec is not None and kube.get(POLICIES, NS, "demo") is None:
-        kube.create(POLICIES, {"apiVersion": "unthrottle.io/v1alpha1",
-                               "kind": "ThrottlePolicy", "spec": spec,
-                               "metadata": {"namespace": NS, "name": "demo"}})  # fmt: skip
-    elif spec is not None:
-        kube.patch(POLICIES, NS, "demo", {"spec": spec})
-    body = kube.get(POLICIES, NS, "demo")
-    outcome = operator.reconcile(body)
-    if outcome.fault:
-        raise SystemExit(f"the reconcile failed: {outcome.fault}")
-    return (kube.get(POLICIES, NS, "demo") or {}).get("status") or {}
-
-
-def show_status(status: dict[str, Any]) -> None:
-    for w in status.get("workloads", []):
-        for c in w["containers"]:
-            rec = c["recommended"] or {}
-            print(
-                f"  {w['deployment']:<8} {w['state']:<11} limit {c['current']['cpuLimit']} → "
-                f"{rec.get('cpuLimit')}, burst {rec.get('burst')}, throttled "
-                f"{(c['throttleRatio'] or 0) * 100:.0f} % of periods → expected "
-                f"{(c['expectedThrottleRatio'] or 0) * 100:.1f} %  ({w['message'] or c['reason']})"
-            )
-
-
-def write_report(kube: Kube) -> Path:
-    """The HTML report of the policy's latest result (from its report ConfigMap)."""
-    from unthrottle.report import Report, render
-    from unthrottle.report.formats import RenderOptions
-
-    cm = kube.get("v1/configmaps", NS, "demo-report")
-    assert cm is not None
-    report = Report.from_json(json.loads(cm["data"]["report.json"]))
-    text = render(report, "html", RenderOptions(title="unthrottle demo: policy shop/demo"))
-    path = Path(tempfile.gettempdir()) / "unthrottle-demo-report.html"
-    path.write_text(str(text))
+def prometheus_token(admin: Admin, folder: Path) -> Path:
+    """A ServiceAccount for Prometheus, allowed ``get nodes/metrics`` (what the kubelet's
+    webhook authorization asks the API server for ``/metrics/cadvisor``); its token's file."""
+    rules = [{"apiGroups": [""], "resources": ["nodes/metrics"], "verbs": ["get"]}]
+    admin.create("v1/serviceaccounts", {"apiVersion": "v1", "kind": "ServiceAccount",
+                                        "metadata": {"name": "prometheus",
+                                                     "namespace": RELEASE_NS}})  # fmt: skip
+    admin.create("rbac.authorization.k8s.io/v1/clusterroles", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": "prometheus-kubelet"}, "rules": rules})  # fmt: skip
+    admin.create("rbac.authorization.k8s.io/v1/clusterrolebindings", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "prometheus-kubelet"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": "prometheus-kubelet"},
+        "subjects": [{"kind": "ServiceAccount", "name": "prometheus",
+                      "namespace": RELEASE_NS}]})  # fmt: skip
+    path = folder / "prometheus.token"
+    path.write_text(admin.token(RELEASE_NS, "prometheus"))
+    path.chmod(0o600)
     return path
 
 
-def rolled_out(kube: Kube, names: list[str]) -> dict[str, Pod]:
-    """The Deployment controller's new pods, once each rollout is complete."""
-    say("the Deployment controller rolls out new pods, with the new limit and burst")
-    after = {}
-    for name in names:
-        after[name] = pod_of(kube, name)
-        print(f"  {name}: {after[name].describe()}", flush=True)
-    return after
+def scrape_config(agent_port: int, node: RealNode, token: Path) -> str:
+    """The agent over HTTP; the kubelet's cAdvisor over HTTPS (the cluster's CA), with the
+    token, as a Prometheus in the cluster scrapes it."""
+    kubelet = urllib.parse.urlparse(node.endpoint).netloc
+    return ("scrape_configs:\n"
+            "  - job_name: agent\n"
+            f"    static_configs: [{{targets: ['127.0.0.1:{agent_port}']}}]\n"
+            "  - job_name: kubelet-cadvisor\n"
+            "    scheme: https\n    metrics_path: /metrics/cadvisor\n"
+            f"    authorization: {{credentials_file: '{token}'}}\n"
+            f"    tls_config: {{ca_file: '{node.plane.pki.ca}'}}\n"
+            f"    static_configs: [{{targets: ['{kubelet}']}}]\n")  # fmt: skip
 
 
-COLUMNS = ("workload", "settings", "limit / burst", "throttled periods", "p99 latency")
+def deploy(admin: Admin, node: RealNode) -> dict[str, Pod]:
+    """The two Deployments of the workload image onto the node; their pods once Ready."""
+    say("2. two Deployments of the workload image, scheduled onto the real node: the kubelet "
+        "makes their cgroups, each pod runs its scenario over and over")  # fmt: skip
+    for name, file, limit, request in APPS:
+        for obj in scenario_objects(name, NS, (ROOT / "scenarios" / file).read_text(),
+                                    image=node.images["workload"].name, node=node.name,
+                                    cpu_limit=limit, cpu_request=request,
+                                    labels={"demo": "unthrottle"}):  # fmt: skip
+            admin.create("v1/configmaps" if obj["kind"] == "ConfigMap" else DEPLOYMENTS, obj)
+    return {name: ready_pod(admin, name) for name, *_ in APPS}
 
 
-def table(rows: Sequence[tuple[str, ...]], header: tuple[str, ...] = COLUMNS) -> None:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    for row in [header, *rows]:
-        print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+def ready_pod(admin: Admin, name: str) -> Pod:
+    def ready(pods: list[dict[str, Any]]) -> bool:
+        conditions = pods[0]["status"].get("conditions") or []
+        return len(pods) == 1 and any(c["type"] == "Ready" and c["status"] == "True"
+                                      for c in conditions)  # fmt: skip
+
+    pods = admin.until(f"{name}'s pod Ready", lambda: admin.list("v1/pods", NS,
+                                                                 selector=f"app={name}"),
+                       ready, timeout_s=120)  # fmt: skip
+    return Pod.of(pods[0])
 
 
-def closing(kube: Kube, report: Path, *, cgroups: bool) -> None:
-    wrote = (", and this demo made and resized the cgroups a kubelet would (the agent writes "
-             "a burst where one is recommended)," if cgroups else "")  # fmt: skip
-    print(f"\nThe HTML report: {report}\n(fake nodes (kwok) stood in for kubelets{wrote} on a "
-          "real control plane: kube-apiserver, etcd, controller-manager, scheduler "
-          f"{kube.plane.version}. On a real cluster, install the chart and apply a policy, "
-          "see README.md)")  # fmt: skip
+def current(admin: Admin, pods: dict[str, Pod]) -> dict[str, Pod]:
+    return {name: Pod.of(admin.get("v1/pods", NS, pod.name) or {}) for name, pod in pods.items()}
 
 
-# -- on the kernel -----------------------------------------------------------------------
-
-
-@dataclass
-class App:
-    """A scenario standing for a Deployment with one pod and one container."""
-
-    name: str
-    scenario: Scenario
-
-    @property
-    def limit_millicores(self) -> int:
-        cpus = self.scenario.runs[0].cpus
-        assert cpus is not None
-        return round(cpus * 1000)
-
-    def deployment(self) -> dict[str, Any]:
-        limit = self.limit_millicores
-        resources = {"limits": {"cpu": format_cpu(limit)},
-                     "requests": {"cpu": format_cpu(max(limit // 4, 10))}}  # fmt: skip
-        return {
-            "apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"namespace": NS, "name": self.name, "labels": {"demo": "unthrottle"}},
-            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": self.name}},
-                     "template": {"metadata": {"labels": {"app": self.name}},
-                                  "spec": {"containers": [{
-                                      "name": CONTAINER, "image": f"registry.example/{self.name}:1",
-                                      "resources": resources}]}}},
-        }  # fmt: skip
-
-
-def apps() -> list[App]:
-    """The request pool and the parallel batch, run longer than in `lab tune` (about 10 s
-    each), so that the agent sees a hundred windows of each."""
-    out = []
-    for name, file, tasks in (("pool", "tune-open-pool.yaml", 600),
-                              ("batch", "tune-batch-parallel.yaml", 80)):  # fmt: skip
-        scenario = load_scenario(ROOT / "scenarios" / file)
-        workload = scenario.workload.model_copy(update={"tasks": tasks})
-        out.append(App(name, scenario.model_copy(update={"workload": workload})))
-    return out
-
-
-POD_QUOTA = os.environ.get("UNTHROTTLE_DEMO_POD_QUOTA") == "1"
-"""Give each pod's cgroup a quota too, as a kubelet does (the sum of its containers'
-limits). Off by default: that quota runs on a period grid of its own, and the throttling
-it causes is not in the container's counters, which are all the agent and cAdvisor export
-per container: unthrottle under-sizes such a container (measured here: batch recommended
-1010–1530m instead of 1980m, and still 59–78 % throttled after). A known gap
-(README, "Limits"); ``UNTHROTTLE_DEMO_POD_QUOTA=1`` shows it."""
-
-
-class KubeletTree:
-    """The cgroups a kubelet (cgroupfs driver) makes for the node's pods, below ``root``:
-    ``kubepods``, its QoS levels, and when a pod starts, its cgroup (with the sum of its
-    containers' limits as quota, with ``pod_quota``) and its container's cgroup with the
-    container's own (period 100 ms, no burst: the agent writes that). :meth:`resize` is the
-    kubelet's part of an in-place resize. Every cgroup is removed on exit, containers'
-    first."""
-
-    def __init__(self, layout: Any, root: str, *, pod_quota: bool = POD_QUOTA) -> None:
-        self.layout, self.root, self.pod_quota = layout, root, pod_quota
-        self.made: list[Any] = []
-        self.writes: list[str] = []
-        """What :meth:`resize` wrote, in order, for the screen."""
-
-    def _make(self, path: str, quota_us: int | None = None) -> None:
-        from unthrottle.cgroups import Cgroup
-
-        if any(cg.path == path for cg in self.made):
-            return
-        cg = Cgroup(self.layout, path)
-        cg.create()
-        self.made.append(cg)
-        if quota_us is not None:
-            cg.write_bandwidth(Bandwidth(quota_us, PERIOD_US))
-
-    def __enter__(self) -> KubeletTree:
-        self._make(self.root)
-        self._make(f"{self.root}/kubepods")
-        return self
-
-    def add(self, pod: Pod) -> str:
-        """The pod starts: make its cgroup and its container's; the container's path. The
-        pod's quota is its one container's limit here (the sum, for more containers)."""
-        *levels, _ = pod.cgroup.split("/")
-        parent = self.root
-        for part in levels:
-            parent = f"{parent}/{part}"
-            self._make(parent)
-        quota = quota_of(pod.limit_millicores)
-        self._make(f"{self.root}/{pod.cgroup}", quota if self.pod_quota else None)
-        self._make(f"{self.root}/{pod.container_cgroup}", quota)
-        return f"{self.root}/{pod.container_cgroup}"
-
-    def resize(self, obj: dict[str, Any], container: str, resources: dict[str, Any]) -> None:
-        """Actuate an in-place resize (``ResizingKubelet``'s ``actuate``): the container's
-        new quota, and the pod's, kept at the sum of its containers'. Only the quotas: the
-        period stays, and the burst is the agent's. A rising pod quota is written first and
-        a falling one last, as the kubelet does (``resizeContainers``): cgroup v1 refuses a
-        child's quota above its parent's (EINVAL)."""
-        from unthrottle.cgroups import Cgroup
-
-        pod = Pod.of(obj)
-        limit = (resources.get("limits") or {}).get("cpu")
-        if container != CONTAINER or limit is None:
-            raise ValueError(f"container {container}: the demo's stand-in resizes the CPU "
-                             f"limit of container {CONTAINER} only")  # fmt: skip
-        pod_cg = Cgroup(self.layout, f"{self.root}/{pod.cgroup}")
-        own = Cgroup(self.layout, f"{self.root}/{pod.container_cgroup}")
-        new, old = quota_of(parse_cpu(limit)), own.read_bandwidth().quota_us
-        pod_old = pod_cg.read_bandwidth().quota_us
-        if old is None:
-            raise ValueError(f"pod {pod.name}: no quota to resize")
-        if pod_old is None:  # no pod quota (UNTHROTTLE_DEMO_POD_QUOTA unset)
-            order = [(own, new)]
-        else:
-            pod_new = pod_old - old + new
-            order = (
-                [(pod_cg, pod_new), (own, new)]
-                if pod_new >= pod_old
-                else [(own, new), (pod_cg, pod_new)]
-            )
-        for cg, quota in order:
-            cg.write_quota(quota)
-        said = ", then ".join(f"{'pod' if cg is pod_cg else 'container'} {q / 1000:g} ms"
-                              for cg, q in order)  # fmt: skip
-        self.writes.append(f"{pod.name}: quota {old / 1000:g} → {new / 1000:g} ms per "
-                           f"{PERIOD_US // 1000} ms ({said})")  # fmt: skip
-
-    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
-                 tb: TracebackType | None) -> None:  # fmt: skip
-        for cg in reversed(self.made):
-            if cg.exists():
-                cg.remove()
-        self.made.clear()
+# -- the agent and the operator, as processes ------------------------------------------------
 
 
 def wait_healthy(url: str, seconds: float = 20) -> None:
@@ -403,7 +214,6 @@ def wait_healthy(url: str, seconds: float = 20) -> None:
         try:
             with urllib.request.urlopen(url, timeout=1) as reply:
                 if reply.status == 200:
-                    time.sleep(1)  # its first discovery, through the API
                     return
         except OSError:
             time.sleep(0.2)
@@ -411,330 +221,251 @@ def wait_healthy(url: str, seconds: float = 20) -> None:
 
 
 @contextmanager
-def agent(kube: Kube, node: str, root: str, folder: Path) -> Iterator[tuple[int, int]]:
-    """``unthrottle agent`` for the fake node, naming cgroups through the API server and
-    writing the burst that pod annotations ask for: its port and PID.
+def process(name: str, args: list[str], log: Path, env: dict[str, str] | None = None
+            ) -> Iterator[subprocess.Popen[bytes]]:  # fmt: skip
+    with log.open("wb") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, **(env or {})})  # fmt: skip
+    try:
+        yield proc
+    finally:
+        stop(proc, timeout_s=20)
+        if proc.returncode not in (0, -15, None):
+            print(f"  ({name} ended with {proc.returncode}: its log is {log})")
+
+
+@contextmanager
+def agent(admin: Admin, node: RealNode, kubeconfig: Path, folder: Path) -> Iterator[int]:
+    """``unthrottle agent`` on the node's cgroup root, on the chart's agent ServiceAccount:
+    its port.
 
     ``--burst-node-threshold 1``: its node safety (no burst while the node's CPU is above
-    the threshold, 0.5 by default) never holds a burst back here. It keeps a busy node's
-    idle CPU for its other tenants; on this 2-core machine the only burstable workload is
-    the one measured, and its own bursts (1.2 CPU and more) are what makes the machine
-    busy: at 0.5, the agent would take the burst away during the very run that measures
-    it (and beside another engineer's tests too)."""
+    the threshold, 0.5 by default) never holds a burst back here. On this 2-core machine the
+    burstable workloads are the ones measured, and their own bursts make the machine busy:
+    at 0.5, the agent would take the burst away during the very window that measures it."""
     port = free_port()
-    proc = subprocess.Popen(
-        [str(UNTHROTTLE), "agent", "--kubeconfig", str(kube.plane.kubeconfig),
-         "--node-name", node, "--kubepods-parent", root, "--listen", f"127.0.0.1:{port}",
-         "--period", "100ms", "--discover-every", "500ms", "--burst-node-threshold", "1"],
-        stdout=subprocess.DEVNULL, stderr=(folder / "agent.log").open("w"),
-    )  # fmt: skip
-    try:
+    with process("the agent", [
+        str(UNTHROTTLE), "agent", "--kubeconfig", str(kubeconfig), "--node-name", node.name,
+        "--kubepods-parent", node.cgroup_parent, "--listen", f"127.0.0.1:{port}",
+        "--period", "100ms", "--discover-every", "500ms", "--burst-node-threshold", "1",
+    ], folder / "agent.log"):  # fmt: skip
         wait_healthy(f"http://127.0.0.1:{port}/healthz")
-        yield port, proc.pid
-    finally:
-        stop(proc, timeout_s=15)
+        yield port
 
 
-def scrape_config(port: int) -> str:
-    return ("scrape_configs:\n  - job_name: agent\n"
-            f"    static_configs: [{{targets: ['127.0.0.1:{port}']}}]\n")  # fmt: skip
+@contextmanager
+def operator(kubeconfig: Path, prometheus_url: str, folder: Path) -> Iterator[None]:
+    """``unthrottle operator`` as users run it, on the chart's operator ServiceAccount."""
+    with process("the operator", [
+        str(UNTHROTTLE), "operator", "--prometheus", prometheus_url, "--namespace", NS,
+        "--standalone", "--log-format", "text",
+    ], folder / "operator.log", {"KUBECONFIG": str(kubeconfig)}):  # fmt: skip
+        yield
 
 
-def named_by_agent(prometheus_url: str) -> list[str]:
-    """``namespace/pod/container`` of every container series the agent exported (from
-    Prometheus, which keeps those of the cgroups gone since)."""
-    query = ("group by (namespace, pod, container) (last_over_time("
-             'unthrottle_cpu_cfs_periods_total{container!=""}[10m]))')  # fmt: skip
-    url = f"{prometheus_url}/api/v1/query?" + urllib.parse.urlencode({"query": query})
-    with urllib.request.urlopen(url, timeout=10) as reply:
-        result = json.loads(reply.read())["data"]["result"]
-    return sorted("/".join(r["metric"][k] for k in ("namespace", "pod", "container"))
-                  for r in result)  # fmt: skip
+# -- the operator's steps ------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Measured:
-    """A run's figures (the lab's, over the run's span, from the container's cgroup), and the
-    counters of the pod's cgroup and the container's over the whole run, side by side: the
-    pod cgroup has a quota of its own (the sum of its containers' limits, as a kubelet sets
-    it) on a period grid of its own, and its throttling is not in the container's counters,
-    which are what the agent exports as the container's evidence."""
-
-    fig: Any
-    pod: Any
-    container: Any
+def policy(admin: Admin, spec: dict[str, Any]) -> None:
+    """Create the policy, or merge ``spec`` into it."""
+    if admin.get(POLICIES, NS, "demo") is None:
+        admin.create(POLICIES, {"apiVersion": "unthrottle.io/v1alpha1", "kind": "ThrottlePolicy",
+                                "metadata": {"namespace": NS, "name": "demo"},
+                                "spec": spec})  # fmt: skip
+    else:
+        admin.patch(POLICIES, NS, "demo", {"spec": spec})
 
 
-def measure(app: App, pod: Pod, layout: Any, root: str) -> Measured:
-    """The app's workload in its pod's container cgroup, as the kubelet and the agent left
-    it: the lab neither makes, writes nor removes it, and refuses to run if the kernel does
-    not hold the pod's limit and burst. While it runs, the machine's other processes wait at
-    idle priority (``lab run --isolate``; the demo's agent, Prometheus and control plane
-    keep theirs), so what is measured is the limit, not whatever else this machine runs."""
-    from unthrottle.cgroups import Cgroup
-    from unthrottle.lab.runner import LabOptions, run_run
-
-    print(f"  {app.name}: {pod.settings().label()} …", flush=True)
-    pod_cg, own = (Cgroup(layout, f"{root}/{p}") for p in (pod.cgroup, pod.container_cgroup))
-    start = pod_cg.read_stat(), own.read_stat()
-    fig = run_run(app.scenario.workload.to_workload(), pod.settings(), layout,
-                  LabOptions(cgroup_name=own.path, existing_cgroup=True, isolate=True))  # fmt: skip
-    return Measured(fig, pod_cg.read_stat() - start[0], own.read_stat() - start[1])
+def status(admin: Admin) -> dict[str, Any]:
+    return dict((admin.get(POLICIES, NS, "demo") or {}).get("status") or {})
 
 
-def recommend(kube: Kube, operator: Any) -> Path:
-    """The operator on the policy in Recommend mode; the report's path."""
-    say("3. the operator: Recommend mode (nothing is patched)")
-    print("  (burst.enabled: false here: a burst is sized from the agent's histogram, which "
-          "keeps no order, as if it refilled between peaks; the batch's peaks come in one "
-          "run of seconds, which a burst cannot carry: README, \"Limits\")")  # fmt: skip
-    policy = {"window": "10m", "targetThrottleRatio": TARGET, "burst": {"enabled": False},
-              "selector": {"matchLabels": {"demo": "unthrottle"}}}  # fmt: skip
-    show_status(reconcile(kube, operator, policy))
-    return write_report(kube)
+def show_status(found: dict[str, Any]) -> None:
+    for w in found.get("workloads", []):
+        for c in w["containers"]:
+            rec = c["recommended"] or {}
+            print(f"  {w['deployment']:<6} {w['state']:<11} limit {c['current']['cpuLimit']} → "
+                  f"{rec.get('cpuLimit')}, burst {rec.get('burst')}, throttled "
+                  f"{(c['throttleRatio'] or 0) * 100:.0f} % of periods → expected "
+                  f"{(c['expectedThrottleRatio'] or 0) * 100:.1f} %  "
+                  f"({w['message'] or c['reason']})")  # fmt: skip
 
 
-def record(kube: Kube, deployment: str) -> Any:
+def recommend(admin: Admin) -> dict[str, Any]:
+    """The policy in Recommend mode, once the operator has a recommendation for both."""
+    say("4. the operator (a process, on the chart's ServiceAccount): Recommend mode")
+    policy(admin, {"window": "10m", "targetThrottleRatio": TARGET,
+                   "selector": {"matchLabels": {"demo": "unthrottle"}}})  # fmt: skip
+
+    def both(found: dict[str, Any]) -> bool:
+        recommended = [c for w in found.get("workloads", []) for c in w["containers"]
+                       if c.get("recommended")]  # fmt: skip
+        return len(recommended) == len(APPS)
+
+    found = admin.until("a recommendation for both Deployments in the policy's status",
+                        lambda: status(admin), both, timeout_s=120)  # fmt: skip
+    show_status(found)
+    return found
+
+
+def write_report(admin: Admin) -> Path:
+    """The HTML report of the policy's latest result (from its report ConfigMap)."""
+    from unthrottle.report import Report, render
+    from unthrottle.report.formats import RenderOptions
+
+    cm = admin.until("the policy's report ConfigMap",
+                     lambda: admin.get("v1/configmaps", NS, "demo-report"), bool)  # fmt: skip
+    assert cm is not None
+    report = Report.from_json(json.loads(cm["data"]["report.json"]))
+    text = render(report, "html", RenderOptions(title="unthrottle demo: policy shop/demo"))
+    path = Path(tempfile.gettempdir()) / "unthrottle-demo-report.html"
+    path.write_text(str(text))
+    return path
+
+
+def record(admin: Admin, deployment: str) -> Any:
     """The Deployment's record (``unthrottle.io/last-applied``), or None."""
     from unthrottle.kube.patching import record_of
 
-    return record_of(kube.get("apps/v1/deployments", NS, deployment) or {})
+    return record_of(admin.get(DEPLOYMENTS, NS, deployment) or {})
 
 
-def canary_done_at(kube: Kube, deployment: str) -> float | None:
-    """When the Deployment's InPlace record says its canary's resize was reported done (0:
-    there is no record: the operator is not changing it)."""
-    found = record(kube, deployment)
-    return 0.0 if found is None else found.canary_done_at
+def resize_in_place(admin: Admin, today: dict[str, Pod]) -> dict[str, Pod]:
+    """Apply mode, InPlace: wait until each canary's resize is reported done."""
+    say("5. the operator: Apply mode, apply.method InPlace: each running pod is resized "
+        "through its resize subresource (the canary first: here the one pod); the real "
+        "kubelet writes the new quota")  # fmt: skip
+    policy(admin, {"mode": "Apply", "apply": {"method": "InPlace", "maxConcurrent": 2,
+                                              "verifyFor": VERIFY}})  # fmt: skip
+    done = admin.until("each canary resized and reported done by the kubelet",
+                       lambda: {n: record(admin, n) for n in today},
+                       lambda r: all(x is not None and x.canary_done_at for x in r.values()),
+                       timeout_s=180)  # fmt: skip
+    for name, found in done.items():
+        changes = "; ".join(f"limit {format_cpu(c.before.cpu_limit or 0)} → "
+                            f"{format_cpu(c.after.cpu_limit or 0)}, burst "
+                            f"{c.before.burst_us / 1000:g} → {c.after.burst_us / 1000:g} ms"
+                            for c in found.containers)  # fmt: skip
+        print(f"  {name:<6} {found.method}: {changes}; canary {found.canary}, resized "
+              f"{found.canary_done_at - found.at:.1f} s after the patch")  # fmt: skip
+    return current(admin, today)
 
 
-def show_applied(kube: Kube, status: dict[str, Any]) -> None:
-    """Each Deployment's state, and what its record says was applied (the recommendation in
-    the status moves on with the evidence; the record keeps what was done)."""
-    for w in status.get("workloads", []):
-        found = record(kube, w["deployment"])
-        changes = found.containers if found else ()
-        done = [f"{c.name} limit {format_cpu(c.before.cpu_limit or 0)} → "
-                f"{format_cpu(c.after.cpu_limit or 0)}, burst {c.before.burst_us / 1000:g} → "
-                f"{c.after.burst_us / 1000:g} ms" for c in changes]  # fmt: skip
-        how = f"{found.method}: " if found else ""
-        print(f"  {w['deployment']:<8} {w['state']:<11} {how}{'; '.join(done) or 'unchanged'}"
-              f"  ({w['message'] or ''})")  # fmt: skip
-
-
-def resize_in_place(kube: Kube, operator: Any, today: dict[str, Pod], tree: KubeletTree,
-                    timeout_s: float = 60) -> dict[str, Pod]:  # fmt: skip
-    """Apply mode, InPlace, reconciled again until every canary is resized; the pods then."""
-    from unthrottle.devtools.kube.kubelet import ResizingKubelet
-
-    say("4. the operator: Apply mode, apply.method InPlace: each running pod is resized "
-        "through its resize subresource (the canary first: here the one pod), the template "
-        "is not patched")  # fmt: skip
-    (node,) = {pod.node for pod in today.values()}
-    deadline = time.monotonic() + timeout_s
-    with ResizingKubelet(kube.plane, nodes=[node], actuate=tree.resize) as kubelet:
-        kubelet.sync()  # it reports the pods' resources: the API server allows resizes then
-        status = reconcile(kube, operator, IN_PLACE)
-        while any(canary_done_at(kube, name) is None for name in today):
-            if time.monotonic() > deadline:
-                show_status(status)
-                raise SystemExit(f"the canaries were not resized within {timeout_s:.0f} s")
-            time.sleep(0.5)
-            status = reconcile(kube, operator)
-    show_applied(kube, status)
-    for line in tree.writes:
-        print(f"  the kubelet (stand-in for kwok) resized {line}")
-    print("  (each canary's own throttling is verified by the operator after apply.verifyFor, "
-          "15m; the demo measures now)")  # fmt: skip
-    return {name: Pod.of(kube.get("v1/pods", NS, pod.name) or {}) for name, pod in today.items()}
-
-
-def burst_written(layout: Any, root: str, pods: dict[str, Pod], timeout_s: float = 20) -> None:
+def burst_written(layout: Any, node: RealNode, pods: dict[str, Pod], timeout_s: float = 30) -> None:
     """Wait until the agent wrote each pod's burst (from the annotation the operator set)
-    into its container's cgroup and, where the pod has a quota (``POD_QUOTA``), its pod's
-    (the sum of its containers', here the one; without a quota the agent leaves it 0)."""
+    into its container's cgroup."""
     from unthrottle.cgroups import Cgroup
 
-    say("5. the node agent writes the burst the pods' annotations now ask for, into the same "
-        "cgroups")  # fmt: skip
-    deadline = time.monotonic() + timeout_s
     for name, pod in pods.items():
-        paths = (pod.container_cgroup, pod.cgroup) if POD_QUOTA else (pod.container_cgroup,)
-        cgroups = [Cgroup(layout, f"{root}/{p}") for p in paths]
-        while (seen := [cg.read_bandwidth().burst_us for cg in cgroups]) != (
-            [pod.burst_us] * len(cgroups)
-        ):
-            if time.monotonic() > deadline:
-                raise SystemExit(f"{name}: the agent did not write the burst of "
-                                 f"{pod.burst_us} µs (the cgroups have {seen})")  # fmt: skip
-            time.sleep(0.2)
-        print(f"  {name}: {pod.describe()}", flush=True)
+        cg = Cgroup(layout, pod.container_cgroup(node))
+        try:
+            until(f"{name}: the burst of {pod.burst_us} µs in its cgroup",
+                  lambda cg=cg: cg.read_bandwidth().burst_us,
+                  lambda b, want=pod.burst_us: b == want, timeout_s=timeout_s)  # fmt: skip
+        except TimeoutError as error:
+            raise SystemExit(str(error)) from None
 
 
-def kernel_settings(fig: Any) -> str:
-    """The limit and burst a run ran under, as the lab read them back from the cgroup."""
-    limit = fig.limit
-    return f"{format_cpu(round(limit['cpus'] * 1000))} / {limit.get('burst_ms', 0):g} ms"
+def verdicts(admin: Admin, names: Sequence[str]) -> dict[str, Any]:
+    """Each Deployment's record once the operator has given its verdict on the canary."""
+    say(f"6. the operator verifies each canary for apply.verifyFor ({VERIFY}) on its own "
+        "counters since the resize, then gives its verdict")  # fmt: skip
+    found = admin.until("the operator's verdicts",
+                        lambda: {n: record(admin, n) for n in names},
+                        lambda r: all(x is not None and x.verdict for x in r.values()),
+                        timeout_s=240, every_s=2)  # fmt: skip
+    for name, rec in found.items():
+        after = ", ".join(f"{k} {v * 100:.1f} %" for k, v in rec.ratio_after.items()
+                          if v is not None)  # fmt: skip
+        print(f"  {name:<6} {rec.verdict}: {rec.verdict_reason or ''}"
+              f"{f' (throttled after: {after})' if after else ''}")  # fmt: skip
+    return found
 
 
-def ratio(stat: Any) -> float:
-    return stat.nr_throttled / stat.nr_periods if stat.nr_periods else 0.0
+def closing(plane: ControlPlane, report: Path) -> None:
+    print(f"\nThe HTML report: {report}\n(real: kube-apiserver, etcd, controller-manager, "
+          f"scheduler and a kubelet {plane.version} with containerd and runc; the cgroups, "
+          "their quotas and counters are the kubelet's and the kernel's; cAdvisor's series "
+          "and a real Prometheus; the agent and `unthrottle operator` as processes on the "
+          "chart's RBAC. Not real: one node, on this shared 2-core machine that also runs "
+          "the control plane, Prometheus and the demo; the agent and the operator run on the "
+          "host, not as the chart's pods; the images are built here from this checkout, not "
+          "pulled; the workloads are the lab's scenarios. On a real cluster, install the "
+          "chart and apply a policy, see README.md)")  # fmt: skip
 
 
-def figures(pod: Pod, root: str, run: Measured) -> dict[str, Any]:
-    fig = run.fig
-    whole = {f"{kind}_cgroup": {"throttle_ratio": ratio(stat), "throttled_us": stat.throttled_us}
-             for kind, stat in (("pod", run.pod), ("container", run.container))}  # fmt: skip
-    return {"pod": pod.name, "uid": pod.uid, "container_id": pod.container_id,
-            "restarts": pod.restarts, "cgroup": f"{root}/{pod.container_cgroup}",
-            "limit_millicores": pod.limit_millicores, "burst_us": pod.burst_us,
-            "kernel": fig.limit, "throttle_ratio": fig.stat.throttle_ratio,
-            "p99_ms": fig.latency.p99, "whole_run": whole}  # fmt: skip
+# -- the whole loop --------------------------------------------------------------------------
 
 
-def pod_cgroups(apps_: dict[str, App], before: dict[str, Measured],
-                after: dict[str, Measured]) -> None:  # fmt: skip
-    """The pods' own cgroups beside their containers', over the same runs."""
-    print("\n  the pods' own cgroups over the same runs (quota: the sum of their containers' "
-          "limits, as a kubelet sets it, on a period grid of their own):")  # fmt: skip
-    rows = []
-    for name in apps_:
-        for label, run in (("today", before[name]), ("unthrottle", after[name])):
-            rows.append((name if label == "today" else "", label,
-                         f"{ratio(run.pod) * 100:.0f} % / {run.pod.throttled_us / 1e6:.1f} s",
-                         f"{ratio(run.container) * 100:.0f} % / "
-                         f"{run.container.throttled_us / 1e6:.1f} s"))  # fmt: skip
-    table(rows, ("workload", "settings", "pod cgroup throttled",
-                 "container cgroup throttled"))  # fmt: skip
-
-
-def compare(apps_: dict[str, App], root: str, today: dict[str, Pod], now: dict[str, Pod],
-            before: dict[str, Measured], after: dict[str, Measured]) -> dict[str, Any]:  # fmt: skip
-    """The before / after table, and its figures for the JSON."""
-    rows, results = [], {}
-    for name in apps_:
-        results[name] = {"before": figures(today[name], root, before[name]),
-                         "after": figures(now[name], root, after[name])}  # fmt: skip
-        for label, pod, fig in (("today", today[name], before[name].fig),
-                                ("unthrottle", now[name], after[name].fig)):  # fmt: skip
-            rows.append((name if label == "today" else "", label, pod.name, str(pod.restarts),
-                         kernel_settings(fig), f"{fig.stat.throttle_ratio * 100:.0f} %",
-                         f"{fig.latency.p99:.1f} ms"))  # fmt: skip
-    say("6. before and after, measured on this kernel, in the same pods' cgroups")
-    table(rows, ("workload", "settings", "pod", "restarts", "limit / burst",
-                 "throttled periods", "p99 latency"))  # fmt: skip
-    same = [n for n in apps_ if (now[n].uid, now[n].container_id, now[n].restarts)
-            == (today[n].uid, today[n].container_id, 0)]  # fmt: skip
-    restarted = len(apps_) - len(same)
-    if restarted:
-        print(f"  {restarted} pods restarted or replaced: "
-              f"{', '.join(n for n in apps_ if n not in same)}")  # fmt: skip
-    else:
-        print("  0 pods restarted: same pod UID, container ID and cgroup")
-    if POD_QUOTA:
-        pod_cgroups(apps_, before, after)
-    return results
-
-
-def on_the_kernel(layout: Any, folder: Path, kube: Kube) -> None:
-    pods = {app.name: app for app in apps()}
-    say("1. the Deployments, rolled out by the real Deployment controller onto the fake node; "
-        "each pod's cgroups made as its kubelet makes them")  # fmt: skip
-    if not POD_QUOTA:
-        print("  (the pods' own cgroups carry no quota here; a kubelet gives them the sum of "
-              "their containers' limits, whose throttling the containers' counters do not "
-              "show: UNTHROTTLE_DEMO_POD_QUOTA=1 shows it, README \"Limits\")")  # fmt: skip
-    for app in pods.values():
-        kube.create("apps/v1/deployments", app.deployment())
-    today = {name: pod_of(kube, name) for name in pods}
-    (node,) = {pod.node for pod in today.values()}
-    root = f"unthrottle-demo-{os.getpid()}"
-    with KubeletTree(layout, root) as tree:
-        for pod in today.values():
-            tree.add(pod)  # the pod started: before the agent looks
+def on_the_node(layout: Any, folder: Path) -> dict[str, Any]:
+    with cluster(folder) as (admin, node):
+        accounts = chart_rbac(admin)
+        kubeconfigs = {c: admin.kubeconfig_for(folder / f"{c}.kubeconfig", RELEASE_NS, sa)
+                       for c, sa in accounts.items()}  # fmt: skip
+        token = prometheus_token(admin, folder)
+        print(f"  the chart's RBAC applied; the operator and the agent run as "
+              f"{', '.join(f'{RELEASE_NS}/{sa}' for sa in accounts.values())}")  # fmt: skip
+        today = deploy(admin, node)
         for name, pod in today.items():
-            print(f"  {name}: {pod.describe()}", flush=True)
+            print(f"  {name}: pod {NS}/{pod.name}, limit {format_cpu(pod.limit_millicores)}, "
+                  f"{pod.qos}; cgroup /{pod.cgroup(node)}/{pod.container_id[:12]}…")  # fmt: skip
+        (folder / "prometheus").mkdir()
         with (
-            agent(kube, node, root, folder) as (port, pid),
-            PrometheusServer(folder, scrape=scrape_config(port)) as prom,
-        ):
-            say("2. the node agent names the pods' cgroups through the API and samples them; "
-                "a real Prometheus scrapes it")  # fmt: skip
-            before = {n: measure(app, today[n], layout, root) for n, app in pods.items()}
-            time.sleep(3)  # the last windows scraped
-            operator = reconciler(kube, prom.url)
-            report = recommend(kube, operator)
-            now = resize_in_place(kube, operator, today, tree)
-            burst_written(layout, root, now)
-            print("  the workloads run again, in the same cgroups:")
-            after = {n: measure(app, now[n], layout, root) for n, app in pods.items()}
-            time.sleep(2)  # the last windows scraped
-            named = named_by_agent(prom.url)
-            started = [*kube.plane.pids().values(), pid]  # the test checks that they end
-    print(f"  the agent named, through the API: {', '.join(named)}")
-    results = compare(pods, root, today, now, before, after)
-    save({"target": TARGET, "workloads": results, "named": named, "report": str(report),
-          "folder": str(folder), "pids": started})  # fmt: skip
-    closing(kube, report, cgroups=True)
-
-
-# -- without root: the model ---------------------------------------------------------------
-
-
-def on_the_model(folder: Path, kube: Kube) -> None:
-    from shop import HEALTHY, THROTTLED, deployment, openmetrics, rehash
-    from unthrottle.cfs.series import simulate_series
-    from unthrottle.metrics.evidence import fetch
-
-    print("no root here: the cgroups cannot be written, so the loop runs over a day of "
-          "synthesized history and the CFS model measures before and after")  # fmt: skip
-    for w in (THROTTLED, HEALTHY):
-        kube.create("apps/v1/deployments", deployment(w))
-    # rolled out: the history names pods of the ReplicaSets the controller made
-    shop = [rehash(kube, w) for w in (THROTTLED, HEALTHY)]
-    names = [w.name for w in shop]
-    end = int(time.time()) // 60 * 60
-    with PrometheusServer(folder, openmetrics=openmetrics(shop, end)) as prom:
-        operator = reconciler(kube, prom.url)
-        say("the operator: Recommend mode")
-        show_status(reconcile(kube, operator, {"window": "12h"}))
-        report = write_report(kube)
-        owners = operator.workloads.pod_owners([NS])
-        found = fetch(operator.metrics, [NS], 12 * 3600, at=end, owners=owners)
-        say(
-            "the operator: Apply mode, apply.method Rollout (no cgroup here for a resize to "
-            "change: `make demo` as root resizes the pods in place)"
-        )
-        show_status(reconcile(kube, operator, {"mode": "Apply", "apply": {"maxConcurrent": 2}}))
-    now = rolled_out(kube, names)
-    rows = []
-    for w in shop:
-        item = next(v for k, v in found.items() if k.deployment == w.name)
-        demand = item.period_evidence().demand_us
-        new = now[w.name]
-        ours = Bandwidth(new.limit_millicores * 100, burst_us=new.burst_us)
-        for label, bandwidth in (("today", Bandwidth(round(w.limit * 100_000))),
-                                 ("unthrottle", ours)):  # fmt: skip
-            ratio = simulate_series(demand, bandwidth).throttle_ratio
-            rows.append((w.name if label == "today" else "", label,
-                         f"{format_cpu((bandwidth.quota_us or 0) // 100)} / "
-                         f"{bandwidth.burst_us / 1000:g} ms",
-                         f"{ratio * 100:.0f} %", "–"))  # fmt: skip
-    say("before and after, by the model")
-    table(rows)
-    closing(kube, report, cgroups=False)
+            agent(admin, node, kubeconfigs["agent"], folder) as port,
+            PrometheusServer(folder / "prometheus",
+                             scrape=scrape_config(port, node, token)) as prom,
+        ):  # fmt: skip
+            say("3. the node agent finds the containers' cgroups below the node's root and "
+                "names them through the API; Prometheus scrapes it and the kubelet's "
+                "/metrics/cadvisor (HTTPS, a token allowed nodes/metrics)")  # fmt: skip
+            until("cAdvisor's series of both containers in Prometheus",
+                  lambda: cadvisor_containers(prom.url),
+                  lambda found: all(f"{p.name}/{CONTAINER}" in found for p in today.values()),
+                  timeout_s=60)  # fmt: skip
+            before = measure(layout, node, today, "today")
+            waits = [agent_wait(prom.url, today)]
+            with operator(kubeconfigs["operator"], prom.url, folder):
+                recommended = recommend(admin)
+                report = write_report(admin)
+                now = resize_in_place(admin, today)
+                burst_written(layout, node, now)
+                after = measure(layout, node, now, "resized")
+                waits.append(agent_wait(prom.url, now))
+                records = verdicts(admin, list(today))
+                now = current(admin, today)
+            named, cadvisor = named_by_agent(prom.url), cadvisor_containers(prom.url)
+        print(f"  the agent named: {', '.join(named)}\n  cAdvisor's series in {NS}: "
+              f"{', '.join(cadvisor)} (container \"\": the pod's own cgroup and its pause "
+              "container, told apart only by id)")  # fmt: skip
+        results = compare(today, now, before, after, (waits[0], waits[1]))
+        misses = honest(results, recommended)
+        for line in misses:
+            print(f"  measured: {line}")
+        pids = [*admin.plane.pids().values(), *node.pids().values()]
+        doc = {"target": TARGET, "workloads": results, "named": named, "cadvisor": cadvisor,
+               "recommended": recommended.get("workloads"), "report": str(report),
+               "verdicts": {n: {"verdict": r.verdict, "reason": r.verdict_reason,
+                                "ratio_after": r.ratio_after} for n, r in records.items()},
+               "misses": misses, "folder": str(folder), "pids": pids,
+               "cgroup_root": str(node.cgroup_root)}  # fmt: skip
+        closing(admin.plane, report)
+    return doc
 
 
 def kernel_layout() -> Any:
     """The cgroup layout, when this is root and a CPU controller is there; else None."""
     if os.geteuid() != 0:
+        print("make demo needs root: it starts a real node (a kubelet, containerd and runc), "
+              "which makes cgroups, mounts and a network bridge. Run it as root; without "
+              "root, `make demo-lab` shows the CFS model and `unthrottle recommend` on a day "
+              "of history in a real Prometheus.")  # fmt: skip
         return None
     from unthrottle.cgroups import CgroupError, detect_layout
 
     try:
         return detect_layout()
     except CgroupError as error:
-        print(f"no usable cgroup CPU controller ({error})")
+        print(f"make demo needs a cgroup CPU controller for its node: {error}")
         return None
 
 
@@ -742,20 +473,25 @@ def main() -> int:
     if not have_prometheus():
         print("the demo needs Debian's prometheus: make demo installs it as root")
         return 1
+    layout = kernel_layout()
+    if layout is None:
+        return 1
+    started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="unthrottle-demo-") as folder:
-        layout = kernel_layout()
         try:
-            with control_plane(Path(folder)) as kube:
-                if layout is not None:
-                    on_the_kernel(layout, Path(folder), kube)
-                else:
-                    on_the_model(Path(folder), kube)
+            ensure_node_built()
+            doc = on_the_node(layout, Path(folder))
         except (BuildError, StartError) as error:
-            print(f"the control plane could not start: {error}")
+            print(f"the control plane or the node could not start: {error}")
             return 1
         except KeyboardInterrupt:
-            print("\ninterrupted: everything started was stopped, and the cgroups removed")
+            print("\ninterrupted: everything started was stopped, and the node's cgroups "
+                  "removed")  # fmt: skip
             return 130
+    doc["elapsed_s"] = round(time.monotonic() - started)
+    print(f"({doc['elapsed_s']} s in all, with the control plane's and the node's start)")
+    if SAVE:
+        Path(SAVE).write_text(json.dumps(doc, indent=1))
     return 0
 
 

@@ -1,9 +1,10 @@
-"""`make demo`'s whole loop on the real kernel and a real control plane (its own, started by
-the demo): Deployments rolled out onto a fake node, each pod's cgroups made as a kubelet makes
-them, the agent naming them through the API and writing the burst, Prometheus, the operator
-in Recommend then Apply mode with ``apply.method: InPlace``: the running pods resized, their
-quota rewritten in the same cgroups, no pod restarted. It ends with throttling at or under
-the policy's target, measured in the same pod's container cgroup. Root only (slow)."""
+"""`make demo`'s whole loop on a real control plane and a real node (both its own, started by
+the demo): Deployments of the workload image scheduled onto the node, the kubelet's cgroups
+(the pod-level quota too), the agent naming them and writing the burst, Prometheus scraping
+the agent and the kubelet's cAdvisor, ``unthrottle operator`` as a process on the chart's
+RBAC in Recommend then Apply mode with ``apply.method: InPlace``: the running pods resized by
+the real kubelet, no pod restarted, the operator's own verdict. The figures are the
+kernel's counters of the cgroups the kubelet made. Root only (slow: about 3 minutes)."""
 
 from __future__ import annotations
 
@@ -22,43 +23,51 @@ from prom import requires_prometheus
 pytestmark = [pytest.mark.kernel, pytest.mark.slow, requires_prometheus]
 
 
-def test_the_demo_ends_with_throttling_at_or_under_the_target(tmp_path: Path) -> None:
+def test_the_demo_resizes_real_pods_and_reports_what_the_kernel_measured(
+    tmp_path: Path,
+) -> None:
     out = tmp_path / "demo.json"
     done = subprocess.run(
         [sys.executable, str(ROOT / "demo" / "loop.py")],
         env={**os.environ, "UNTHROTTLE_DEMO_JSON": str(out)},
-        capture_output=True, text=True, timeout=600, check=False,
+        capture_output=True, text=True, timeout=900, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "fake nodes (kwok) stood in for kubelets" in done.stdout
-    assert re.search(r"real control plane: kube-apiserver, etcd, controller-manager, "
-                     r"scheduler v1\.\d+\.\d+", done.stdout)  # fmt: skip
+    # the closing line says what is real and what is not
+    assert re.search(r"real: kube-apiserver, etcd, controller-manager, scheduler and a "
+                     r"kubelet v1\.\d+\.\d+ with containerd and runc", done.stdout)  # fmt: skip
+    assert "Not real: one node" in done.stdout
+    assert "fake nodes" not in done.stdout and "stand-in" not in done.stdout
     assert "0 pods restarted: same pod UID, container ID and cgroup" in done.stdout
     doc = json.loads(out.read_text())
+    cgroup_root = Path(doc["cgroup_root"])
     for name, figures in doc["workloads"].items():
         before, after = figures["before"], figures["after"]
-        # resized in place: the same pod, the same container in the same cgroup, never
-        # restarted, with its limit raised, in the pod and in the kernel
-        same = ("pod", "uid", "container_id", "cgroup")
+        # resized in place by the kubelet: the same pod and container, never restarted,
+        # its new limit in the container's cgroup and in the pod's (the sum of its limits)
+        same = ("pod", "uid", "container_id")
         assert [after[k] for k in same] == [before[k] for k in same], figures
         assert before["restarts"] == after["restarts"] == 0, figures
-        assert after["limit_millicores"] >= before["limit_millicores"], name
-        assert after["kernel"]["cpus"] * 1000 == pytest.approx(after["limit_millicores"])
-        assert after["kernel"].get("burst_ms", 0) * 1000 == pytest.approx(after["burst_us"])
-        assert after["throttle_ratio"] <= doc["target"], (name, figures)
-        # the agent named the pod's cgroup through the API: its name reached Prometheus
+        assert before["kernel"]["quota_us"] == before["limit_millicores"] * 100, figures
+        assert after["kernel"]["quota_us"] == after["limit_millicores"] * 100, figures
+        assert after["kernel"]["pod_quota_us"] == after["kernel"]["quota_us"], figures
+        # the agent wrote the burst the operator's annotation asks for
+        assert after["kernel"]["burst_us"] == after["burst_us"], figures
+        # throttled today (in the container's counters), and so given more
+        assert before["throttle_ratio"] > doc["target"], (name, figures)
+        assert after["limit_millicores"] > before["limit_millicores"], name
+        # the agent named the kubelet's container; cAdvisor's series join on the same names
         assert f"shop/{after['pod']}/app" in doc["named"], (after["pod"], doc["named"])
+        assert f"{after['pod']}/app" in doc["cadvisor"], doc["cadvisor"]
+        # the operator's own verdict on its canary; where the measured figures (the
+        # container's or the pod cgroup's) miss the target, the demo says so
+        assert doc["verdicts"][name]["verdict"] in {"Applied", "RolledBack"}, doc["verdicts"]
+        missed = max(after["throttle_ratio"], after["pod_throttle_ratio"]) > doc["target"]
+        said = [m for m in doc["misses"] if m.startswith(f"{name}: its")]
+        assert missed == bool(said), doc["misses"]
     report = Path(doc["report"]).read_text()
     assert report.count("<svg") >= 1 and "pool" in report and "batch" in report
-    # nothing left behind: no demo cgroup, no agent, no control plane
+    # nothing left behind: no node cgroup, no process, no folder
     assert not Path(doc["folder"]).exists()
     assert not [pid for pid in doc["pids"] if Path(f"/proc/{pid}").exists()], doc["pids"]
-    assert not list(Path("/sys/fs/cgroup").glob("*/unthrottle-demo-*"))
-    assert not list(Path("/sys/fs/cgroup").glob("unthrottle-demo-*"))
-    # Throttled today, and so given more. The demo measures with the machine's other
-    # processes at idle priority: beside a hog, without that, the bursts came slower and
-    # could stay under the limit.
-    for name, figures in doc["workloads"].items():
-        before, after = figures["before"], figures["after"]
-        assert before["throttle_ratio"] > doc["target"], name  # throttled today
-        assert after["limit_millicores"] > before["limit_millicores"], name
+    assert not cgroup_root.exists()

@@ -186,6 +186,42 @@ def fresh_machine_minutes() -> str:
     return number(fresh_machine_s() / 60)
 
 
+def demo_span(side: str, key: str, digits: int, unit: str, scale: float = 1.0) -> str:
+    """A figure of both of `make demo`'s workloads, on one side of its table."""
+    workloads = results("demo-real-node.json")["workloads"].values()
+    return span([w[side][key] * scale for w in workloads], digits, unit)
+
+
+def demo_after(name: str, key: str) -> Any:
+    return results("demo-real-node.json")["workloads"][name]["after"][key]
+
+
+def demo_before(name: str, key: str) -> Any:
+    return results("demo-real-node.json")["workloads"][name]["before"][key]
+
+
+def demo_expected(name: str) -> str:
+    (w,) = [w for w in results("demo-real-node.json")["recommended"] if w["deployment"] == name]
+    return number(w["containers"][0]["expectedThrottleRatio"] * 100, 1) + " %"
+
+
+def demo_rows() -> list[str]:
+    """The README's copy of `make demo`'s table, rebuilt from the run's results."""
+    rows = []
+    for name, w in results("demo-real-node.json")["workloads"].items():
+        for label, fig in (("today", w["before"]), ("unthrottle", w["after"])):
+            kernel = fig["kernel"]
+            limit = round(kernel["quota_us"] / 100)
+            cpu = f"{limit // 1000}" if limit % 1000 == 0 else f"{limit}m"
+            rows.append(" ".join([
+                name if label == "today" else "", label, fig["pod"], str(fig["restarts"]),
+                f"{cpu} / {kernel['burst_us'] / 1000:g} ms",
+                f"{fig['throttle_ratio'] * 100:.0f} %",
+                f"{fig['pod_throttle_ratio'] * 100:.0f} % / {fig['pod_throttled_s']:.1f} s",
+                f"{fig['p99_ms']:.1f} ms"]).strip())  # fmt: skip
+    return rows
+
+
 Quote = tuple[str, str, Callable[[], object]]
 """(document, text with ``{}`` where the figure goes, the figure)."""
 
@@ -343,6 +379,36 @@ QUOTES: list[Quote] = [
      lambda: late_read("attributed_ratio")),
     # the model's speed: §1 and README
     ("README.md", "of 100 ms periods takes {};", lambda: model_speed(2)),
+    # `make demo` on the real node: README's quick start and "Limits"
+    ("README.md", "({} s in all, with the control plane's and the node's start)",
+     lambda: results("demo-real-node.json")["elapsed_s"]),
+    ("README.md", "the whole loop (about {} min)",
+     lambda: number(results("demo-real-node.json")["elapsed_s"] / 60, 1)),
+    ("README.md", "before the resize the pod cgroups throttled {} of their periods",
+     lambda: demo_span("before", "pod_throttle_ratio", 0, " %", 100)),
+    ("README.md", "of their periods ({} in 30 s)",
+     lambda: demo_span("before", "pod_throttled_s", 1, " s")),
+    ("README.md", "beside their containers' own {}",
+     lambda: demo_span("before", "throttle_ratio", 0, " %", 100)),
+    ("README.md", "containers' own 10–15 % ({}), and 0 % after",
+     lambda: demo_span("before", "throttled_s", 1, " s")),
+    ("README.md", "pod cgroup was throttled {} in 30 s",
+     lambda: f"{demo_before('batch', 'pod_throttled_s'):.1f} s"),
+    ("README.md", "unthrottle sizes from, show {}",
+     lambda: f"{demo_before('batch', 'throttled_s'):.1f} s"),
+    ("README.md", "the pool's threads waited {} for a",
+     lambda: f"{demo_before('pool', 'agent_wait_s'):.1f} s"),
+    ("README.md", "(their quota throttled them {}), and used",
+     lambda: f"{demo_before('pool', 'throttled_s'):.1f} s"),
+    ("README.md", "throttled them 1.0 s), and used {}; the engine counts",
+     lambda: f"{demo_before('pool', 'usage_s'):.1f} s"),
+    ("README.md", "where the kernel counted {}",
+     lambda: f"{demo_after('pool', 'throttle_ratio') * 100:.1f} %"),
+    ("README.md", "the batch got {} and a",
+     lambda: number(demo_after("batch", "limit_millicores")) + "m"),
+    ("README.md", "and a {} burst there",
+     lambda: f"{demo_after('batch', 'burst_us') / 1000:g} ms"),
+    ("README.md", "so it expected the pool {} throttled", lambda: demo_expected("pool")),
     ("docs/benchmarks.md", "median {} (7 runs", lambda: model_speed(3)),
 ]  # fmt: skip
 
@@ -664,6 +730,11 @@ SOURCES = {  # results file → the script that writes it, and the section that 
     "pod-quota.json": ("bench/pod_quota.py", 3),
     "open-pool-load.json": ("bench/open_pool_load.py", 3),
 }
+
+
+def test_the_readmes_demo_table_is_the_saved_runs() -> None:
+    missing = [row for row in demo_rows() if row not in prose("README.md")]
+    assert not missing, "README.md should hold:\n" + "\n".join(missing)
 
 
 @pytest.mark.parametrize("name", list(SOURCES))
