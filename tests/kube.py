@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import json
 import secrets
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,15 +24,12 @@ from urllib.parse import urlencode
 import yaml
 
 from unthrottle.devtools.kube import ControlPlane
+from unthrottle.devtools.kube.admin import path_of
+from unthrottle.devtools.kube.admin import until as _until
 
 Obj = dict[str, Any]
 T = TypeVar("T")
 
-CLUSTER_SCOPED = {
-    "namespaces", "nodes", "customresourcedefinitions", "clusterroles", "clusterrolebindings",
-    "priorityclasses", "mutatingwebhookconfigurations", "validatingwebhookconfigurations",
-    "persistentvolumes", "storageclasses", "clusterkopfpeerings",
-}  # fmt: skip
 APPLY = "application/apply-patch+yaml"
 MERGE = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
@@ -45,22 +41,6 @@ class KubeError(AssertionError):
     def __init__(self, status: int, body: Any, what: str) -> None:
         super().__init__(f"{what}: HTTP {status}: {body}")
         self.status, self.body = status, body
-
-
-def path_of(resource: str, namespace: str | None, name: str | None = None,
-            sub: str | None = None) -> str:  # fmt: skip
-    """The URL path of a resource, e.g. ``/apis/apps/v1/namespaces/ns/deployments/web``."""
-    *group_version, plural = resource.split("/")
-    prefix = "/api/" if len(group_version) == 1 else "/apis/"
-    out = prefix + "/".join(group_version)
-    if namespace is not None and plural not in CLUSTER_SCOPED:
-        out += f"/namespaces/{namespace}"
-    out += f"/{plural}"
-    if name is not None:
-        out += f"/{name}"
-    if sub is not None:
-        out += f"/{sub}"
-    return out
 
 
 class Kube:
@@ -136,18 +116,10 @@ class Kube:
     def until(self, what: str, read: Callable[[], T], check: Callable[[T], bool], *,
               timeout_s: float = 60.0) -> T:  # fmt: skip
         """``read()`` once ``check`` holds on it (AssertionError with the last value)."""
-        deadline = time.monotonic() + timeout_s
-        found = read()
-        while True:
-            try:
-                if check(found):
-                    return found
-            except (KeyError, TypeError, IndexError, StopIteration):
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{what}: not after {timeout_s:.0f} s: {found}")
-            time.sleep(0.2)
-            found = read()
+        try:
+            return _until(what, read, check, timeout_s=timeout_s, every_s=0.2)
+        except TimeoutError as error:
+            raise AssertionError(str(error)) from None
 
     def rolled_out(self, namespace: str, name: str, *, timeout_s: float = 60.0) -> Obj:
         """The Deployment once its rollout is complete as ``kubectl rollout status`` sees it:

@@ -20,13 +20,16 @@ import yaml
 
 from unthrottle.devtools.kube.cluster import ControlPlane
 
-__all__ = ["Admin", "AdminError", "until"]
+__all__ = ["CLUSTER_SCOPED", "Admin", "AdminError", "path_of", "until"]
 
 Obj = dict[str, Any]
 T = TypeVar("T")
 MERGE = "application/merge-patch+json"
-_CLUSTER_SCOPED = {"namespaces", "nodes", "customresourcedefinitions", "clusterroles",
-                   "clusterrolebindings"}  # fmt: skip
+CLUSTER_SCOPED = {
+    "namespaces", "nodes", "customresourcedefinitions", "clusterroles", "clusterrolebindings",
+    "priorityclasses", "mutatingwebhookconfigurations", "validatingwebhookconfigurations",
+    "persistentvolumes", "storageclasses", "clusterkopfpeerings",
+}  # fmt: skip
 
 
 class AdminError(RuntimeError):
@@ -38,7 +41,7 @@ def path_of(resource: str, namespace: str | None, name: str | None = None,
     """The URL path of a resource, e.g. ``/apis/apps/v1/namespaces/ns/deployments/web``."""
     *group_version, plural = resource.split("/")
     out = ("/api/" if len(group_version) == 1 else "/apis/") + "/".join(group_version)
-    if namespace is not None and plural not in _CLUSTER_SCOPED:
+    if namespace is not None and plural not in CLUSTER_SCOPED:
         out += f"/namespaces/{namespace}"
     out += f"/{plural}"
     out += f"/{name}" if name is not None else ""
