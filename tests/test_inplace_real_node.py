@@ -320,3 +320,28 @@ def test_a_burstable_pod_keeps_its_class_when_the_new_limit_meets_its_request(
         assert found["status"]["qosClass"] == "Burstable"
         assert found["spec"]["containers"][0]["resources"]["limits"]["cpu"] == "901m"
         rw.until_kernel(pod, quota=90_100)
+
+
+def test_a_deleted_policy_closes_its_records_and_new_pods_keep_the_template(
+    rw: RealWorld,
+) -> None:
+    from unthrottle.operator.admission import KubeOwners, PodAdmission
+
+    rw.world.policy("ip", "ip", apply={"method": "InPlace", "maxConcurrent": 2})
+    rw.reconcile()
+    canary = _record(rw.world.deployment(APP.name)).canary or ""
+    rw.reconcile_until("the canary resized", lambda s, m: "verifying its throttling" in m)
+    rw.world.clock.now = T0 + 60
+    rw.history(canary, T0 + 60, limit=0.69)
+    rw.world.clock.now = T0 + 60 + VERIFY_S + 60
+    rw.reconcile_until("every pod resized", lambda s, m: s == "Applied")
+    admission = PodAdmission(KubeOwners(rw.world.api))
+    some_pod = rw.pod(canary)
+    assert admission.patch(some_pod) is not None  # a new pod of this ReplicaSet gets 690m
+    body = rw.kube.get("unthrottle.io/v1alpha1/throttlepolicies", rw.stage, "ip")
+    assert body is not None
+    rw.world.reconciler.forget(body)  # what the operator's delete handler does
+    record = _record(rw.world.deployment(APP.name))
+    assert record.verdict == "PolicyDeleted", record
+    assert "keep theirs until the next rollout" in (record.verdict_reason or "")
+    assert admission.patch(some_pod) is None  # new pods keep the template's 500m

@@ -249,6 +249,37 @@ class Applier:
         """Why pods cannot be resized in place on this server, if the last run found out."""
         return None if self.inplace is None else self.inplace.no_resize
 
+    def release(self, body: dict[str, Any], deployments: list[dict[str, Any]],
+                now: float) -> list[str]:  # fmt: skip
+        """The policy was deleted: each of its InPlace records still open or Applied gets the
+        verdict ``PolicyDeleted``, so the webhook gives new pods nothing more (the pods
+        already resized keep their limits until the next rollout, and the record says
+        so). The Deployments whose record was closed."""
+        uid = str((body.get("metadata") or {}).get("uid"))
+        closed = []
+        for raw in deployments:
+            try:
+                record = record_of(raw)
+            except RecordError:
+                continue
+            if (record is None or record.policy_uid != uid or not record.in_place
+                    or record.verdict not in (None, "Applied")):  # fmt: skip
+                continue
+            done = replace(record, verdict="PolicyDeleted", verdict_at=now,
+                           verdict_reason=f"policy {record.policy} was deleted: new pods get "
+                           "the template's settings; pods resized in place keep theirs until "
+                           "the next rollout")  # fmt: skip
+            meta = raw["metadata"]
+            try:
+                self.deployments.json_patch(meta["namespace"], meta["name"],
+                                            record_patch(raw, done))  # fmt: skip
+            except Exception as error:  # the API failed: logged, the next one is tried
+                _log.warning("record of %s/%s not closed: %s", meta["namespace"], meta["name"],
+                             _short(error))  # fmt: skip
+                continue
+            closed.append(meta["name"])
+        return closed
+
     def _soon(self, seconds: float) -> None:
         """Ask for the next reconcile within ``seconds`` (a rollout or a resize to see done,
         a verification due): the policy's interval is for finding new work."""

@@ -95,9 +95,19 @@ class Reconciler:
             pods=pods)  # fmt: skip
 
     def forget(self, body: dict[str, Any]) -> None:
-        """A policy was deleted: drop its memory."""
+        """A policy was deleted: drop its memory, and close its InPlace records so that the
+        admission webhook stops giving new pods its settings (``Applier.release``)."""
         self.memory.pop(_memory_key(body), None)
         self.telemetry.forget(uid_of(body))
+        if self.applier is None:
+            return
+        namespace = (body.get("metadata") or {}).get("namespace") or ""
+        try:
+            listed = self.workloads.deployments([namespace])
+        except Exception as error:  # the records stay; the webhook checks the policy too
+            _log.warning("policy %s deleted: its records not closed: %s", namespace, error)
+            return
+        self.applier.release(body, [d.raw for d in listed], self.clock())
 
     def reconcile(self, body: dict[str, Any]) -> Outcome:
         """Reconcile one policy; never raises for the policy's or the cluster's faults."""

@@ -237,7 +237,7 @@ def ensure_built() -> Binaries:
         if (final / "version").is_file():  # another run built them meanwhile
             return Binaries(final)
         _say(f"building Kubernetes {kubernetes_version(src)}, etcd and kwok into {final} "
-             "(from cold about 4 minutes on 2 cores; reused afterwards)")  # fmt: skip
+             "(from cold about 11 minutes on 2 cores with the node's; reused afterwards)")  # fmt: skip
         work = Path(tempfile.mkdtemp(prefix=".building-", dir=final.parent))
         try:
             (work / "bin").mkdir()
@@ -313,7 +313,7 @@ def ensure_node_built() -> NodeBinaries:
         if (final / "version").is_file():
             return NodeBinaries(final)
         _say(f"building containerd, runc, the CNI plugins and pause into {final} "
-             "(from cold about 3 minutes on 2 cores; reused afterwards)")  # fmt: skip
+             "(once; reused afterwards)")  # fmt: skip
         final.parent.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix=".building-", dir=final.parent))
         try:
