@@ -236,8 +236,9 @@ def ensure_built() -> Binaries:
     with _locked(final.parent / ".lock"):
         if (final / "version").is_file():  # another run built them meanwhile
             return Binaries(final)
-        _say(f"building Kubernetes {kubernetes_version(src)}, etcd and kwok into {final} "
-             "(from cold about 11 minutes on 2 cores with the node's; reused afterwards)")  # fmt: skip
+        _say(f"building Kubernetes {kubernetes_version(src)} (the kubelet too), etcd and kwok "
+             f"into {final} (from cold about 11 minutes on 2 cores with the node's; reused "
+             "afterwards)")  # fmt: skip
         work = Path(tempfile.mkdtemp(prefix=".building-", dir=final.parent))
         try:
             (work / "bin").mkdir()
