@@ -425,7 +425,8 @@ def agent(kube: Kube, node: str, root: str, folder: Path) -> Iterator[tuple[int,
     proc = subprocess.Popen(
         [str(UNTHROTTLE), "agent", "--kubeconfig", str(kube.plane.kubeconfig),
          "--node-name", node, "--kubepods-parent", root, "--listen", f"127.0.0.1:{port}",
-         "--period", "100ms", "--discover-every", "500ms", "--burst-node-threshold", "1"],
+         "--period", "100ms", "--discover-every", "500ms", "--burst", "--burst-namespace", "*",
+         "--burst-node-threshold", "1"],
         stdout=subprocess.DEVNULL, stderr=(folder / "agent.log").open("w"),
     )  # fmt: skip
     try:

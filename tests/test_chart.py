@@ -57,13 +57,14 @@ PROMETHEUS_AUTH = {
 }
 CONFIGURATIONS: dict[str, dict[str, Any]] = {
     "defaults": {},
-    "apply-mode": {"operator": {"apply": {"enabled": True}}},
+    "apply-mode": {"operator": {"apply": {"enabled": True}, "watchNamespaces": ["shop"]}},
     "two-replicas-peering-cluster-wide": {"operator": {"replicas": 2}},
     "two-replicas-peering-in-namespaces": {
         "operator": {"replicas": 2, "watchNamespaces": ["shop", "pay"]}
     },
     "given-namespaces": {"operator": {"watchNamespaces": ["shop"]}},
-    "burst-writing-off": {"agent": {"burst": {"enabled": False}}},
+    "burst-writing-on": {"agent": {"burst": {"enabled": True, "namespaces": ["shop", "*"],
+                                              "koordinator": True}}},
     "service-monitors": {"monitoring": {"serviceMonitor": {"enabled": True}}},
     "pod-monitors": {"monitoring": {"podMonitor": {"enabled": True}}},
     "prometheus-rule": {"monitoring": {"prometheusRule": {"enabled": True}}},
@@ -230,6 +231,8 @@ BAD_VALUES = {
                             "/agent/burst/nodeThreshold", "maximum"),
     "namespace-not-a-name": ({"operator": {"watchNamespaces": ["Shop_1"]}},
                              "/operator/watchNamespaces/0", "pattern"),
+    "burst-namespace-not-a-name": ({"agent": {"burst": {"namespaces": ["shop*"]}}},
+                                   "/agent/burst/namespaces/0", "pattern"),
 }  # fmt: skip
 
 
@@ -258,6 +261,13 @@ CONFLICTS = {
                                                      "key": "ca.crt"}}}, "prometheus.caBundle"),
     "unused-priority-class": ({"agent": {"priorityClassName": "system-node-critical"}},
                               "agent.priorityClass.create=false"),
+    "apply-without-namespaces": ({"operator": {"apply": {"enabled": True}}},
+                                 "operator.apply.enabled needs operator.watchNamespaces"),
+    "apply-in-kube-system": ({"operator": {"apply": {"enabled": True},
+                                           "watchNamespaces": ["shop", "kube-system"]}},
+                             "Apply mode is never granted in kube-system"),
+    "burst-without-namespaces": ({"agent": {"burst": {"enabled": True}}},
+                                 "agent.burst.enabled needs agent.burst.namespaces"),
 }  # fmt: skip
 
 
@@ -445,7 +455,6 @@ OPERATOR_ROLES = {"unthrottle-operator", "unthrottle-operator-cluster"}
 PEERING_VERBS = ("get", "list", "watch", "patch")  # Kopf's keep-alives in the peering status
 RBAC_CASES = {
     "recommend-cluster-wide": ({}, False, False),
-    "apply-cluster-wide": ({"operator": {"apply": {"enabled": True}}}, True, False),
     "apply-in-namespaces": ({"operator": {"apply": {"enabled": True},
                                           "watchNamespaces": ["shop"]}}, True, True),
     "recommend-in-namespaces": ({"operator": {"watchNamespaces": ["shop"]}}, False, True),
@@ -499,6 +508,11 @@ def test_the_rbac_grants_no_secrets_no_wildcards_and_no_cluster_wide_write_if_na
                ("", "pods", "patch")}  # fmt: skip
     own = {"throttlepolicies", "throttlepolicies/status", "events", "configmaps",
            "clusterkopfpeerings", "kopfpeerings"}  # fmt: skip
+    # With Apply (which needs given namespaces), nothing is written through a cluster-wide
+    # binding: every write rule is bound in the watched namespaces only.
+    applying = render(CONFIGURATIONS["apply-mode"])
+    cluster_bound = {b["roleRef"]["name"] for b in applying if b["kind"] == "ClusterRoleBinding"}
+    assert not {r for r in granted(applying, cluster_bound) if r[2] not in ("get", "list", "watch")}
     for values, allowed in (({}, set()), (CONFIGURATIONS["apply-mode"], foreign)):
         writes = {r for r in granted(render(values), OPERATOR_ROLES)
                   if r[2] not in ("get", "list", "watch") and r[1] not in own}  # fmt: skip
@@ -519,24 +533,33 @@ def cgroup_mount(objects: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[st
     return mount, volume
 
 
-def test_the_agent_mounts_the_hosts_cgroupfs_read_write_only_to_write_burst() -> None:
-    mount, volume = cgroup_mount(render())
+def test_by_default_the_agent_only_measures_with_the_hosts_cgroupfs_read_only() -> None:
+    objects = render()
+    mount, volume = cgroup_mount(objects)
     assert volume["hostPath"] == {"path": "/sys/fs/cgroup", "type": "Directory"}
     # The agent finds cgroup mounts in its own /proc/self/mountinfo: the host's must be
     # mounted where the container's own view was, not beside it.
-    assert mount["mountPath"] == "/sys/fs/cgroup" and mount["readOnly"] is False
-    args = parse("agent", container(render(), "DaemonSet")["args"][1:])
-    assert args["burst"] is True and args["burst_node_threshold"] == 0.5
-
-    off = render({"agent": {"burst": {"enabled": False}}})
-    mount, _ = cgroup_mount(off)
+    assert mount["mountPath"] == "/sys/fs/cgroup"
     assert mount["readOnly"] is True and mount["recursiveReadOnly"] == "IfPossible"
-    assert parse("agent", container(off, "DaemonSet")["args"][1:])["burst"] is False
+    args = parse("agent", container(objects, "DaemonSet")["args"][1:])
+    assert args["burst"] is False and not args["burst_namespace"]
     # Before Kubernetes 1.30 there is no recursiveReadOnly: a plain read-only mount, valid.
-    older = render({"agent": {"burst": {"enabled": False}}}, kube_version="1.29.0")
+    older = render(kube_version="1.29.0")
     mount, _ = cgroup_mount(older)
     assert mount["readOnly"] is True and "recursiveReadOnly" not in mount
     kubernetes_validate.validate(only(older, "DaemonSet"), "1.29.0", strict=True)
+
+
+def test_burst_writing_is_opt_in_for_named_namespaces_and_only_then_mounts_read_write() -> None:
+    on = render(CONFIGURATIONS["burst-writing-on"])
+    mount, _ = cgroup_mount(on)
+    assert mount["readOnly"] is False and "recursiveReadOnly" not in mount
+    args = parse("agent", container(on, "DaemonSet")["args"][1:])
+    assert args["burst"] is True and args["burst_node_threshold"] == 0.5
+    assert args["burst_namespace"] == ["shop", "*"] and args["burst_koordinator"] is True
+    notes = render_files(CONFIGURATIONS["burst-writing-on"])["unthrottle/templates/NOTES.txt"]
+    assert "read-write" in notes and "shop, *" in notes
+    assert "writes nothing" in render_files()["unthrottle/templates/NOTES.txt"]
 
 
 def test_the_agent_is_root_without_privilege_and_without_any_capability() -> None:

@@ -44,7 +44,7 @@ from test_chart import (
 )
 from unthrottle.operator.admission import HANDLER_ID
 
-APPLY: dict[str, Any] = {"operator": {"apply": {"enabled": True}}}
+APPLY: dict[str, Any] = {"operator": {"apply": {"enabled": True}, "watchNamespaces": ["shop"]}}
 WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "Service", "Secret")
 Obj = dict[str, Any]
 
@@ -76,7 +76,8 @@ WHEN = {
     "defaults": ({}, False),
     "apply-mode": (APPLY, True),
     "apply-mode-webhook-off": ({"operator": {"apply": {"enabled": True,
-                                                       "inPlace": {"webhook": False}}}}, False),
+                                                       "inPlace": {"webhook": False}},
+                                             "watchNamespaces": ["shop"]}}, False),
     "recommend-mode-webhook-asked": ({"operator": {"apply": {"enabled": False,
                                                              "inPlace": {"webhook": True}}}},
                                      False),
@@ -115,8 +116,8 @@ def test_the_configuration_never_holds_a_pod_back() -> None:
                               "operations": ["CREATE"], "scope": "Namespaced"}]  # fmt: skip
 
 
-NAMESPACES = {
-    "every-namespace": ([], None),
+NAMESPACES = {  # Apply mode needs given namespaces (tests/test_chart.py)
+    "one-namespace": (["shop"], ["shop"]),
     "given-namespaces": (["shop", "pay"], ["shop", "pay"]),
 }
 
@@ -257,7 +258,8 @@ CONFIGURATIONS = {
     "apply-in-namespaces": {"operator": {"apply": {"enabled": True},
                                          "watchNamespaces": ["shop", "pay"]}},
     "apply-peering-no-scrape-annotations": {
-        "operator": {"replicas": 3, "apply": {"enabled": True}, "ports": {"webhook": 10443}},
+        "operator": {"replicas": 3, "apply": {"enabled": True}, "ports": {"webhook": 10443},
+                     "watchNamespaces": ["shop"]},
         "monitoring": {"scrapeAnnotations": False},
     },
 }  # fmt: skip

@@ -89,6 +89,17 @@ combination stops every install and upgrade.
 {{- if and .Values.prometheus.bearerTokenSecret.name .Values.prometheus.bearerTokenFile -}}
 {{- fail "prometheus.bearerTokenSecret.name and prometheus.bearerTokenFile: give the token one way" -}}
 {{- end -}}
+{{- $op := .Values.operator -}}
+{{- if and $op.enabled $op.apply.enabled (not $op.watchNamespaces) -}}
+{{- fail "operator.apply.enabled needs operator.watchNamespaces: Apply mode patches Deployments and pods, and the chart grants that only in the namespaces it names, never cluster-wide (where kube-system and every other namespace would be open to any policy). List the namespaces where policies may apply; kube-system is refused" -}}
+{{- end -}}
+{{- if and $op.enabled $op.apply.enabled (has "kube-system" $op.watchNamespaces) -}}
+{{- fail "operator.watchNamespaces has kube-system while operator.apply.enabled is true: Apply mode is never granted in kube-system (its workloads keep the cluster running); remove it from the list" -}}
+{{- end -}}
+{{- $burst := .Values.agent.burst -}}
+{{- if and .Values.agent.enabled $burst.enabled (not $burst.namespaces) -}}
+{{- fail "agent.burst.enabled needs agent.burst.namespaces: the agent writes the burst of pods in the namespaces named there only (\"*\" for every namespace but kube-system); with burst writing on, the host's cgroupfs is mounted read-write" -}}
+{{- end -}}
 {{- if and .Values.agent.priorityClass.create .Values.agent.priorityClassName -}}
 {{- fail "agent.priorityClassName is set: also set agent.priorityClass.create=false (the release would create a class it does not use)" -}}
 {{- end -}}
