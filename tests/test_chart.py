@@ -58,6 +58,8 @@ PROMETHEUS_AUTH = {
 CONFIGURATIONS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "apply-mode": {"operator": {"apply": {"enabled": True}, "watchNamespaces": ["shop"]}},
+    "apply-in-place": {"operator": {"apply": {"enabled": True, "inPlace": {"enabled": True}},
+                                    "watchNamespaces": ["shop"]}},
     "two-replicas-peering-cluster-wide": {"operator": {"replicas": 2}},
     "two-replicas-peering-in-namespaces": {
         "operator": {"replicas": 2, "watchNamespaces": ["shop", "pay"]}
@@ -268,6 +270,8 @@ CONFLICTS = {
                              "Apply mode is never granted in kube-system"),
     "burst-without-namespaces": ({"agent": {"burst": {"enabled": True}}},
                                  "agent.burst.enabled needs agent.burst.namespaces"),
+    "in-place-without-apply": ({"operator": {"apply": {"inPlace": {"enabled": True}}}},
+                               "operator.apply.inPlace.enabled needs operator.apply.enabled"),
 }  # fmt: skip
 
 
@@ -457,6 +461,8 @@ RBAC_CASES = {
     "recommend-cluster-wide": ({}, False, False),
     "apply-in-namespaces": ({"operator": {"apply": {"enabled": True},
                                           "watchNamespaces": ["shop"]}}, True, True),
+    "apply-in-place-in-namespaces": ({"operator": {"apply": {"enabled": True, "inPlace": {
+        "enabled": True}}, "watchNamespaces": ["shop"]}}, True, True),
     "recommend-in-namespaces": ({"operator": {"watchNamespaces": ["shop"]}}, False, True),
     "peering-cluster-wide": ({"operator": {"replicas": 2}}, False, False),
     "peering-in-namespaces": ({"operator": {"replicas": 2, "watchNamespaces": ["shop"]}},
@@ -475,6 +481,9 @@ def test_the_operator_gets_exactly_the_documented_rbac(
     expected = set()
     for rules, why in documented_rbac():
         if "Apply mode" in why and not apply:
+            continue
+        in_place = values.get("operator", {}).get("apply", {}).get("inPlace", {}).get("enabled")
+        if "with InPlace only" in why and not in_place:
             continue
         if "given namespaces" in why and not namespaced:
             continue
@@ -502,10 +511,10 @@ def test_the_rbac_grants_no_secrets_no_wildcards_and_no_cluster_wide_write_if_na
     assert [(b["metadata"]["namespace"], b["roleRef"]["name"]) for b in bindings] == [
         ("shop", "unthrottle-operator")
     ]
-    # Cluster-wide, the only writes to objects that are not the operator's own are Apply's:
-    # Deployments (Rollout), and running pods' resize and burst annotation (InPlace).
-    foreign = {("apps", "deployments", "patch"), ("", "pods/resize", "patch"),
-               ("", "pods", "patch")}  # fmt: skip
+    # The only writes to objects that are not the operator's own are Apply's: Deployments
+    # (Rollout), and with InPlace, running pods' resize and burst annotation.
+    rollout = {("apps", "deployments", "patch")}
+    foreign = rollout | {("", "pods/resize", "patch"), ("", "pods", "patch")}
     own = {"throttlepolicies", "throttlepolicies/status", "events", "configmaps",
            "clusterkopfpeerings", "kopfpeerings"}  # fmt: skip
     # With Apply (which needs given namespaces), nothing is written through a cluster-wide
@@ -513,7 +522,8 @@ def test_the_rbac_grants_no_secrets_no_wildcards_and_no_cluster_wide_write_if_na
     applying = render(CONFIGURATIONS["apply-mode"])
     cluster_bound = {b["roleRef"]["name"] for b in applying if b["kind"] == "ClusterRoleBinding"}
     assert not {r for r in granted(applying, cluster_bound) if r[2] not in ("get", "list", "watch")}
-    for values, allowed in (({}, set()), (CONFIGURATIONS["apply-mode"], foreign)):
+    for values, allowed in (({}, set()), (CONFIGURATIONS["apply-mode"], rollout),
+                            (CONFIGURATIONS["apply-in-place"], foreign)):  # fmt: skip
         writes = {r for r in granted(render(values), OPERATOR_ROLES)
                   if r[2] not in ("get", "list", "watch") and r[1] not in own}  # fmt: skip
         assert writes == allowed
@@ -687,3 +697,50 @@ def test_the_notes_say_what_to_do_next() -> None:
     assert "Apply mode is off" in notes
     namespaced = render_files({"operator": {"watchNamespaces": ["pay"]}})
     assert "namespace: pay" in namespaced["unthrottle/templates/NOTES.txt"]
+
+
+# --- the install path (issue 30, item 6) ---------------------------------------------------
+
+
+def test_the_operator_is_ready_only_once_kopf_serves_its_probe() -> None:
+    c = container(render(), "Deployment")
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "liveness"}
+    liveness = parse("operator", c["args"][1:])["liveness"]
+    assert liveness.endswith(f":{ports['liveness']}")  # the port Kopf's probe listens on
+
+
+def test_more_replicas_get_a_disruption_budget_and_spread_one_does_not() -> None:
+    one = render()
+    assert [o for o in one if o["kind"] == "PodDisruptionBudget"] == []
+    assert "topologySpreadConstraints" not in only(one, "Deployment")["spec"]["template"]["spec"]
+    three = render({"operator": {"replicas": 3}})
+    pdb = only(three, "PodDisruptionBudget")
+    pod = only(three, "Deployment")["spec"]["template"]
+    assert pdb["spec"]["maxUnavailable"] == 1  # a drain leaves a standby to take over
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    spread = pod["spec"]["topologySpreadConstraints"]
+    assert {s["topologyKey"] for s in spread} == {"topology.kubernetes.io/zone",
+                                                 "kubernetes.io/hostname"}  # fmt: skip
+    assert {s["whenUnsatisfiable"] for s in spread} == {"ScheduleAnyway"}  # never held back
+    kubernetes_validate.validate(pdb, KUBE_VERSION, strict=True)
+
+
+def test_the_agents_priority_class_preempts_unless_told_never() -> None:
+    assert only(render(), "PriorityClass")["preemptionPolicy"] == "PreemptLowerPriority"
+    never = render({"agent": {"priorityClass": {"preemptionPolicy": "Never"}}})
+    assert only(never, "PriorityClass")["preemptionPolicy"] == "Never"
+
+
+@pytest.mark.parametrize("kind", ["serviceMonitor", "podMonitor"])
+def test_a_monitor_replaces_the_scrape_annotations_so_nothing_is_scraped_twice(kind: str) -> None:
+    def annotated(objects: list[dict[str, Any]]) -> set[str]:
+        return {o["kind"] for o in objects if o["kind"] in ("Deployment", "DaemonSet")
+                and "prometheus.io/scrape" in (o["spec"]["template"]["metadata"].get(
+                    "annotations") or {})}  # fmt: skip
+
+    assert annotated(render()) == {"Deployment", "DaemonSet"}
+    values = {"monitoring": {kind: {"enabled": True}}}
+    assert annotated(render(values)) == set()
+    # no Prometheus operator to render the monitor: the annotations stay, the only way in
+    assert annotated(render(values, api_versions=())) == {"Deployment", "DaemonSet"}

@@ -334,7 +334,8 @@ def test_the_server_grants_exactly_the_documented_rbac(
     operator's ServiceAccount: what applies is allowed, what does not is denied."""
     watched = _namespace(kube, "shop")
     elsewhere = _namespace(kube, "other")
-    operator: dict[str, Any] = {"apply": {"enabled": apply_enabled}}
+    operator: dict[str, Any] = {"apply": {"enabled": apply_enabled,
+                                          "inPlace": {"enabled": apply_enabled}}}  # fmt: skip
     if namespaced:
         operator["watchNamespaces"] = [watched]
     with chart_rbac(kube, {"operator": operator}) as rbac:
@@ -532,7 +533,8 @@ def test_with_apply_enabled_every_call_of_the_operator_is_allowed_and_apply_patc
     and nothing it could patch in kube-system."""
 
     def values(shop: str, stage: str) -> dict[str, Any]:
-        return {"apply": {"enabled": True}, "watchNamespaces": [shop, stage]}
+        return {"apply": {"enabled": True, "inPlace": {"enabled": True}},
+                "watchNamespaces": [shop, stage]}  # fmt: skip
 
     with operator_on_its_token(kube, tmp_path, values) as run:
         run.policy(run.shop, "pay", RECOMMEND)
@@ -659,6 +661,10 @@ INSTALL_MD = CHART.parent.parent / "docs" / "install.md"
 SHAPES = {  # the table's "with" column → the chart's operator values
     "Recommend": lambda watched: {},
     "Apply": lambda watched: {"apply": {"enabled": True}, "watchNamespaces": [watched]},
+    "Apply InPlace": lambda watched: {
+        "apply": {"enabled": True, "inPlace": {"enabled": True}},
+        "watchNamespaces": [watched],
+    },
 }
 
 

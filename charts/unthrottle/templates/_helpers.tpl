@@ -64,6 +64,18 @@ app.kubernetes.io/component: {{ .component }}
 {{- if gt (int .Values.operator.replicas) 1 }}true{{ end -}}
 {{- end -}}
 
+{{/*
+prometheus.io/* annotations on the pods: asked for (monitoring.scrapeAnnotations), and no
+ServiceMonitor or PodMonitor rendered, which would scrape the pods a second time (and count
+the agent's demand histograms twice) wherever an annotation-based job runs too.
+*/}}
+{{- define "unthrottle.scrapeAnnotations" -}}
+{{- $m := .Values.monitoring -}}
+{{- $sm := and $m.serviceMonitor.enabled (include "unthrottle.hasMonitoring" (dict "Capabilities" .Capabilities "kind" "ServiceMonitor")) -}}
+{{- $pm := and $m.podMonitor.enabled (include "unthrottle.hasMonitoring" (dict "Capabilities" .Capabilities "kind" "PodMonitor")) -}}
+{{- if and $m.scrapeAnnotations (not $sm) (not $pm) }}true{{ end -}}
+{{- end -}}
+
 {{/* The Prometheus operator's kinds, rendered only where its CRDs are installed. */}}
 {{- define "unthrottle.hasMonitoring" -}}
 {{- if .Capabilities.APIVersions.Has (printf "monitoring.coreos.com/v1/%s" .kind) }}true{{ end -}}
@@ -95,6 +107,13 @@ combination stops every install and upgrade.
 {{- end -}}
 {{- if and $op.enabled $op.apply.enabled (has "kube-system" $op.watchNamespaces) -}}
 {{- fail "operator.watchNamespaces has kube-system while operator.apply.enabled is true: Apply mode is never granted in kube-system (its workloads keep the cluster running); remove it from the list" -}}
+{{- end -}}
+{{- if and $op.enabled $op.apply.inPlace.enabled (not $op.apply.enabled) -}}
+{{- fail "operator.apply.inPlace.enabled needs operator.apply.enabled: InPlace is a way of applying" -}}
+{{- end -}}
+{{- $certs := $op.apply.inPlace.certificates -}}
+{{- if and (eq $certs.source "secret") (not (and $certs.secret.name $certs.secret.caBundle)) -}}
+{{- fail "operator.apply.inPlace.certificates.source is secret: set certificates.secret.name (a kubernetes.io/tls Secret in the release's namespace) and certificates.secret.caBundle (base64 PEM of the CA that signed it, which the API server trusts)" -}}
 {{- end -}}
 {{- $burst := .Values.agent.burst -}}
 {{- if and .Values.agent.enabled $burst.enabled (not $burst.namespaces) -}}
