@@ -529,8 +529,8 @@ def test_the_rbac_grants_no_secrets_no_wildcards_and_no_cluster_wide_write_if_na
         assert writes == allowed
 
 
-def test_the_agent_may_only_list_pods() -> None:
-    assert granted(render(), {"unthrottle-agent"}) == {("", "pods", "list")}
+def test_the_agent_may_only_list_and_watch_pods() -> None:
+    assert granted(render(), {"unthrottle-agent"}) == {("", "pods", "list"), ("", "pods", "watch")}
 
 
 # --- the agent ------------------------------------------------------------------------------

@@ -23,7 +23,8 @@ from unthrottle import __version__
 from unthrottle.agent import logs as agent_logs
 from unthrottle.agent.burst import DEFAULT_NODE_THRESHOLD, BurstWriter, ProcStat
 from unthrottle.agent.discovery import Found, discover_kubepods, discover_standalone
-from unthrottle.agent.naming import CachedPods, KubePodSource, name_cgroups
+from unthrottle.agent.naming import name_cgroups
+from unthrottle.agent.podwatch import WatchedPods
 from unthrottle.agent.sampling import Sampler
 from unthrottle.agent.server import make_server, serve
 from unthrottle.agent.settings import AgentSettings, InvalidAgentSettings
@@ -397,8 +398,9 @@ def agent(
         where = f"below {cgroup_root!r}, named by path"
     else:
         node = node_name or os.environ.get("NODE_NAME") or socket.gethostname()
-        source = KubePodSource(_core_api(kubeconfig), node, timeout_s=settings.api_timeout_s)
-        pods = CachedPods(source)
+        # one LIST, then a WATCH resumed by resourceVersion (agent/podwatch.py)
+        pods = WatchedPods(_core_api(kubeconfig), node, timeout_s=settings.api_timeout_s)
+        pods.start(wait_s=settings.api_timeout_s)
         writer = (BurstWriter(layout, ProcStat(), burst_node_threshold, scope=scope)
                   if scope is not None else None)  # fmt: skip
 
