@@ -28,6 +28,7 @@ import pytest
 import typer
 import yaml
 
+from chart_on_cluster import IMAGE, with_image
 from conftest import ROOT
 from unthrottle.cli.main import app
 
@@ -119,8 +120,7 @@ def render_files(
     from helm_python import _native
 
     options = {**RELEASE, "kube_version": f"v{kube_version}", "api_versions": list(api_versions)}
-    out = _native.call_string("helm_render", chart()._raw(),
-                              None if values is None else json.dumps(values),
+    out = _native.call_string("helm_render", chart()._raw(), json.dumps(with_image(values)),
                               json.dumps(options))  # fmt: skip
     rendered: dict[str, str] = json.loads(out)
     return rendered
@@ -186,7 +186,7 @@ def test_every_configuration_renders_to_objects_valid_for_kubernetes(values: dic
 
 @pytest.mark.parametrize("values", CONFIGURATIONS.values(), ids=CONFIGURATIONS.keys())
 def test_every_configuration_passes_helm_lint_strictly(values: dict) -> None:
-    report = helm.lint(CHART, values, strict=True, kube_version=f"v{KUBE_VERSION}")
+    report = helm.lint(CHART, with_image(values), strict=True, kube_version=f"v{KUBE_VERSION}")
     assert report["errors"] == []
     problems = [m for m in report["messages"] if m["severity"] >= 2]  # warnings and errors
     assert problems == []
@@ -210,7 +210,11 @@ def test_the_chart_version_follows_the_project_and_the_image_defaults_to_it() ->
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert chart().metadata["appVersion"] == project["version"]
     for kind in ("Deployment", "DaemonSet"):
-        assert container(render(), kind)["image"] == f"unthrottle:{project['version']}"
+        assert container(render(), kind)["image"] == (
+            f"{IMAGE['repository']}:{project['version']}")  # fmt: skip
+    # no repository given: refused with how to build and push one, never a made-up image
+    with pytest.raises(helm.HelmRenderError, match=r"image\.repository is not set: there is no"):
+        render({"image": {"repository": ""}})
     pinned = CONFIGURATIONS["existing-priority-class-and-digest"]
     assert container(render(pinned), "DaemonSet")["image"] == (
         "registry.example/unthrottle@sha256:" + "ab" * 32

@@ -37,6 +37,7 @@ from chart_on_cluster import (
     self_allowed,
     self_rules,
     service_account_user,
+    with_image,
 )
 from kube import Kube, fresh_name
 from kube_faults import FaultProxy
@@ -124,7 +125,7 @@ def installed(kube: Kube, values: dict[str, Any], *, wait: bool = True) -> Itera
     with helm_config(kube, kube.namespace) as helm:
         started = time.monotonic()
         try:
-            summary = helm.install(CHART, release, values, namespace=kube.namespace,
+            summary = helm.install(CHART, release, with_image(values), namespace=kube.namespace,
                                    wait="watcher" if wait else None, timeout=180)  # fmt: skip
             seconds = time.monotonic() - started
             assert summary["status"] == "deployed", summary

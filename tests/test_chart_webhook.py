@@ -29,7 +29,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from chart_on_cluster import helm_config
+from chart_on_cluster import helm_config, with_image
 from kube import Kube, fresh_name
 from test_chart import (
     CHART,
@@ -296,7 +296,7 @@ def test_every_webhook_configuration_is_valid_for_kubernetes_and_passes_helm_lin
         except kubernetes_validate.ValidationError as error:
             where = ".".join(str(p) for p in error.path)
             pytest.fail(f"{obj['kind']} {obj['metadata']['name']}: {where}: {error.message}")
-    report = helm.lint(CHART, values, strict=True, kube_version=f"v{KUBE_VERSION}")
+    report = helm.lint(CHART, with_image(values), strict=True, kube_version=f"v{KUBE_VERSION}")
     assert report["errors"] == []
     assert [m for m in report["messages"] if m["severity"] >= 2] == []
     params = operator_params(objects)
@@ -364,7 +364,7 @@ def released(kube: Kube, values: Obj) -> Iterator[tuple[helm.Config, str]]:
     release = fresh_name("ut")
     with helm_config(kube, kube.namespace) as config:
         try:
-            summary = config.install(CHART, release, values, namespace=kube.namespace,
+            summary = config.install(CHART, release, with_image(values), namespace=kube.namespace,
                                      timeout=120)  # fmt: skip
             assert summary["status"] == "deployed", summary
             yield config, release
@@ -383,10 +383,14 @@ def test_an_upgrade_keeps_the_certificate_and_a_deleted_secret_is_made_anew(kube
     try:
         with released(kube, values) as (config, release):
             installed = served(kube, release)
-            config.upgrade(CHART, release, values, namespace=kube.namespace, timeout=120)
+            config.upgrade(
+                CHART, release, with_image(values), namespace=kube.namespace, timeout=120
+            )
             upgraded = served(kube, release)
             kube.delete("v1/secrets", kube.namespace, upgraded.name)
-            config.upgrade(CHART, release, values, namespace=kube.namespace, timeout=120)
+            config.upgrade(
+                CHART, release, with_image(values), namespace=kube.namespace, timeout=120
+            )
             renewed = served(kube, release)
     finally:
         kube.delete("v1/namespaces", None, watched)

@@ -87,6 +87,9 @@ values and the fix. Included by serviceaccounts.yaml, which always renders, so a
 combination stops every install and upgrade.
 */}}
 {{- define "unthrottle.validate" -}}
+{{- if not .Values.image.repository -}}
+{{- fail "image.repository is not set: there is no public image; build the repository's Dockerfile, push it where your nodes pull from (docker buildx build --platform linux/amd64,linux/arm64 -t REGISTRY/unthrottle:VERSION --push .), and set image.repository=REGISTRY/unthrottle (README, Install on a cluster)" -}}
+{{- end -}}
 {{- $m := .Values.monitoring -}}
 {{- if and $m.serviceMonitor.enabled $m.podMonitor.enabled -}}
 {{- fail "monitoring.serviceMonitor.enabled and monitoring.podMonitor.enabled are both true: choose one (both would scrape the agent twice, and unthrottle would count its demand histograms twice)" -}}
