@@ -365,7 +365,11 @@ SECRET_VERBS = ("get", "list", "watch")
 def test_no_service_account_of_the_chart_may_read_secrets(
     kube: Kube, tmp_path: Path, apply_enabled: bool
 ) -> None:
-    values = {"operator": {"apply": {"enabled": apply_enabled}}}
+    operator: dict[str, Any] = {"apply": {"enabled": apply_enabled,
+                                          "inPlace": {"enabled": apply_enabled}}}  # fmt: skip
+    if apply_enabled:  # Apply needs given namespaces (the chart refuses it without)
+        operator["watchNamespaces"] = [_namespace(kube, "shop")]
+    values = {"operator": operator}
     with chart_rbac(kube, values) as rbac:
         for role in rbac.objects:
             if role["kind"] in ("ClusterRole", "Role"):
@@ -375,7 +379,8 @@ def test_no_service_account_of_the_chart_may_read_secrets(
         for component in ("operator", "agent"):
             token_client = kube.api_client(kube.kubeconfig(
                 tmp_path / f"{component}.kubeconfig", token=rbac.token(component)))  # fmt: skip
-            for place in ("", rbac.namespace, "default", "kube-system"):
+            for place in ("", rbac.namespace, "default", "kube-system",
+                          *operator.get("watchNamespaces", [])):  # fmt: skip
                 for verb in SECRET_VERBS:
                     access = Access(verb, "", "secrets", "", place)
                     assert allowed_for(kube, rbac.user(component), access)[0] is False, access
