@@ -579,13 +579,21 @@ def test_with_apply_enabled_every_call_of_the_operator_is_allowed_and_apply_patc
             ("", "pods", "patch")} <= used  # fmt: skip
 
 
-def _least_privilege(run: OperatorRun, asked: set[Access]) -> set[tuple[str, str, str]]:
+REPLACE_CONFIGMAPS = ("", "configmaps", "update")
+"""A ConfigMap is created first (after a get finds none) and replaced only from the second
+write on: a run of one reconcile does not replace its report or checkpoint yet."""
+
+
+def _least_privilege(run: OperatorRun, asked: set[Access], *,
+                     not_yet: frozenset[tuple[str, str, str]] = frozenset(),
+                     ) -> set[tuple[str, str, str]]:  # fmt: skip
     """What the operator used, (group, resource, verb); every write the chart grants must be
-    among them (a write granted and never made would be more than the operator needs)."""
+    among them (a write granted and never made would be more than the operator needs),
+    but for ``not_yet``: writes this run is too short to need."""
     used = {(a.group, f"{a.resource}/{a.subresource}" if a.subresource else a.resource, a.verb)
             for a in asked}  # fmt: skip
     writes = {rule for rule in run.rbac.granted() if rule[2] not in ("get", "list", "watch")}
-    assert writes - used == set()
+    assert writes - used - not_yet == set()
     print("reads granted and not made in this run:", sorted(run.rbac.granted() - used))
     return used
 
@@ -613,7 +621,10 @@ def test_with_peering_the_operator_keeps_alive_in_the_peering_object_on_the_char
                   lambda p: bool(p["status"]))  # fmt: skip
         asked, refused = _asked_and_refused(run)
     assert refused == {}
-    assert ("kopf.dev", kind, "patch") in _least_privilege(run, asked)
+    # one reconcile: the report and checkpoint are created, not yet replaced (the Apply
+    # test's reconciles replace them, and use every write the chart grants)
+    used = _least_privilege(run, asked, not_yet=frozenset({REPLACE_CONFIGMAPS}))
+    assert ("kopf.dev", kind, "patch") in used
 
 
 @requires_prometheus
