@@ -11,8 +11,11 @@
 
 # The tests run on Python 3.11 on Debian 12 (bookworm): the image runs the same.
 ARG PYTHON_VERSION=3.11.14
+# Empty, or "@sha256:<digest>" of python:${PYTHON_VERSION}-slim-bookworm for your platforms
+# (docker buildx imagetools inspect prints it): pins the base image exactly.
+ARG PYTHON_DIGEST=
 
-FROM python:${PYTHON_VERSION}-slim-bookworm AS build
+FROM python:${PYTHON_VERSION}-slim-bookworm${PYTHON_DIGEST} AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
@@ -25,7 +28,7 @@ RUN pip wheel --wheel-dir /wheels . \
  && python -m venv /opt/unthrottle \
  && /opt/unthrottle/bin/pip install --no-index --find-links /wheels /wheels/unthrottle-*.whl
 
-FROM python:${PYTHON_VERSION}-slim-bookworm
+FROM python:${PYTHON_VERSION}-slim-bookworm${PYTHON_DIGEST}
 LABEL org.opencontainers.image.title="unthrottle" \
       org.opencontainers.image.description="Find CFS throttling in Kubernetes, prove it, and fix it with the smallest CPU limit (or burst) that stops it." \
       org.opencontainers.image.version="0.1.0" \

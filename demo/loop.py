@@ -122,7 +122,11 @@ def chart_rbac(admin: Admin) -> dict[str, str]:
     import yaml
 
     values = {"operator": {"watchNamespaces": [NS],
-                           "apply": {"enabled": True, "inPlace": {"webhook": False}}}}  # fmt: skip
+                           "apply": {"enabled": True,
+                                     "inPlace": {"enabled": True, "webhook": False}}},
+              # the chart requires an image; only its RBAC is applied here, on a node
+              # whose processes run on the host
+              "image": {"repository": "unthrottle.invalid/local"}}  # fmt: skip
     with (
         helm.Chart.load(ROOT / "charts" / "unthrottle") as chart,
         helm.Config(kubeconfig_path=admin.plane.kubeconfig, namespace=RELEASE_NS) as config,
@@ -248,6 +252,7 @@ def agent(admin: Admin, node: RealNode, kubeconfig: Path, folder: Path) -> Itera
         str(UNTHROTTLE), "agent", "--kubeconfig", str(kubeconfig), "--node-name", node.name,
         "--kubepods-parent", node.cgroup_parent, "--listen", f"127.0.0.1:{port}",
         "--period", "100ms", "--discover-every", "500ms", "--burst-node-threshold", "1",
+        "--burst", "--burst-namespace", NS,  # the demo's namespace writes bursts
     ], folder / "agent.log"):  # fmt: skip
         wait_healthy(f"http://127.0.0.1:{port}/healthz")
         yield port

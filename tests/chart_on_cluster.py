@@ -22,6 +22,17 @@ from kube import Kube, path_of
 
 CHART = Path(__file__).resolve().parent.parent / "charts" / "unthrottle"
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+IMAGE = {"repository": "registry.example/unthrottle"}
+"""Where the tests' image is: the chart requires it (README's install command sets it)."""
+
+
+def with_image(values: dict[str, Any] | None) -> dict[str, Any]:
+    """``values`` with the tests' ``image.repository`` unless they say where the image is."""
+    values = dict(values or {})
+    values["image"] = {**IMAGE, **(values.get("image") or {})}
+    return values
+
+
 REVIEWS = "authorization.k8s.io/v1"
 
 
@@ -35,7 +46,8 @@ def render(kube: Kube, release: str, namespace: str,
     """The chart's objects as ``helm install`` would make them on this control plane (its
     version and served APIs are the server's own; crds/ not included)."""
     with helm.Chart.load(CHART) as chart, helm_config(kube, namespace) as config:
-        files = config.render(chart, values, name=release, namespace=namespace, is_install=True)
+        files = config.render(chart, with_image(values), name=release, namespace=namespace,
+                              is_install=True)  # fmt: skip
     return [doc for path, text in sorted(files.items()) if path.endswith(".yaml")
             for doc in yaml.safe_load_all(text) if doc]  # fmt: skip
 
@@ -155,6 +167,6 @@ def exists(kube: Kube, resource: str, namespace: str | None, name: str) -> bool:
     return status == 200
 
 
-__all__ = ["RBAC_KINDS", "Access", "access_of", "allowed_for", "apply", "delete", "exists",
+__all__ = ["IMAGE", "RBAC_KINDS", "Access", "access_of", "allowed_for", "apply", "delete", "exists",
            "helm_config", "kubectl", "render", "self_allowed", "self_rules",
-           "service_account_user"]  # fmt: skip
+           "service_account_user", "with_image"]  # fmt: skip

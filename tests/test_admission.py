@@ -102,10 +102,11 @@ def webhook_operator(kubeconfig: Path, tls: Tls, log: Path, namespaces: list[str
 
 
 def chart_configuration(watch: list[str], port: int, tls: Tls) -> dict[str, Any]:
-    """The chart's MutatingWebhookConfiguration (Apply on, ``watch`` as
+    """The chart's MutatingWebhookConfiguration (Apply with InPlace on, ``watch`` as
     operator.watchNamespaces), its Service reference swapped for 127.0.0.1:port and its
     caBundle for the test's CA; named afresh."""
-    values = {"operator": {"apply": {"enabled": True}, "watchNamespaces": watch},
+    values = {"operator": {"apply": {"enabled": True, "inPlace": {"enabled": True}},
+                           "watchNamespaces": watch},
               "agent": {"enabled": False}}  # fmt: skip
     config = copy.deepcopy(only(render(values), "MutatingWebhookConfiguration"))
     config["metadata"]["name"] = fresh_name("unthrottle-inplace-test")

@@ -283,7 +283,8 @@ def test_the_agent_names_pods_and_containers_through_the_kubernetes_api(
         proc = start_agent(
             ["--kubeconfig", str(kube.kubeconfig(tmp_path / "kc")), "--node-name", here,
              "--kubepods-parent", workload.root, "--listen", f"127.0.0.1:{port}",
-             "--discover-every", "500ms", "--burst-node-threshold", "1.0"],
+             "--discover-every", "500ms", "--burst", "--burst-namespace", kube.namespace,
+             "--burst-node-threshold", "1.0"],
             tmp_path / "agent.log",
         )  # fmt: skip
         try:

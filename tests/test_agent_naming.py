@@ -18,6 +18,7 @@ from kube import JSON_PATCH, Kube
 from kube_faults import FaultProxy
 from unthrottle.agent.discovery import Identity
 from unthrottle.agent.naming import CachedPods, KubePodSource, PodInfo, PodSource, name_cgroups
+from unthrottle.agent.podwatch import WatchedPods
 
 UID_A = "6f1e7c2a-93b4-4c1d-8e2f-0a1b2c3d4e5f"
 UID_B = "0a0b0c0d-1111-2222-3333-444455556666"
@@ -173,3 +174,72 @@ def test_a_pod_list_that_hangs_gives_up_after_the_timeout(kube: Kube, tmp_path: 
         assert [p.name for p in ours(kube, cached.pods())] == ["api-1"]  # the last good list
         assert 0.4 < time.monotonic() - started < 1.5  # it waited, then gave up: not 4 × 0.5 s
         assert len(proxy.requests("GET", r"^/api/v1/pods$")) == 1  # one request, no retries
+
+
+# -- the watch: one list, then a watch resumed by resourceVersion ---------------------------
+
+LISTS = r"^/api/v1/pods$"
+
+
+def _lists_and_watches(proxy: FaultProxy) -> tuple[int, int]:
+    seen = proxy.requests("GET", LISTS)
+    watches = sum(1 for r in seen if r.params.get("watch") in ("true", "1", "True"))
+    return len(seen) - watches, watches
+
+
+def test_the_watch_follows_pods_with_one_list_and_no_periodic_list(
+    kube: Kube, tmp_path: Path
+) -> None:
+    """New, restarted and deleted pods reach the agent through its watch: after the first
+    list, no other, however many changes and however long."""
+    (node,) = fake_nodes(kube, 1)
+    with FaultProxy(kube) as proxy:
+        core = client.CoreV1Api(kube.api_client(proxy.kubeconfig(tmp_path / "kc")))
+        source = WatchedPods(core, node).start(wait_s=10)
+        try:
+            assert source.synced and ours(kube, source.pods()) == []
+            first = container_ids(bound_pod(kube, "api-1", node, ["api"]))["api"]
+            assert listed(kube, source)[0].containers == {first: "api"}
+            restart(kube, "api-1", "api", "d" * 64)
+            restarted = listed(kube, source, lambda pods: pods[0].containers != {first: "api"})
+            assert restarted[0].containers == {"d" * 64: "api"}
+            kube.delete("v1/pods", kube.namespace, "api-1")
+            assert listed(kube, source, lambda pods: pods == []) == []
+            time.sleep(6)  # longer than the old 5 s relist: still nothing new asked
+            assert _lists_and_watches(proxy) == (1, 1)
+            (watch,) = [r for r in proxy.requests("GET", LISTS) if r.params.get("watch")]
+            assert watch.params["fieldSelector"] == f"spec.nodeName={node}"
+            assert watch.params["resourceVersion"] and watch.params["allowWatchBookmarks"]
+        finally:
+            source.close()
+
+
+def test_a_watch_that_ends_resumes_from_its_resource_version_and_a_gone_one_relists(
+    kube: Kube, tmp_path: Path
+) -> None:
+    (node,) = fake_nodes(kube, 1)
+    with FaultProxy(kube) as proxy:
+        core = client.CoreV1Api(kube.api_client(proxy.kubeconfig(tmp_path / "kc")))
+        source = WatchedPods(core, node).start(wait_s=10)
+        try:
+            bound_pod(kube, "api-1", node, ["api"])
+            assert [p.name for p in listed(kube, source)] == ["api-1"]
+            seen = source.resource_version
+            proxy.end_watches()  # the connection drops (an API server restarts, a proxy)
+            kube.until("a second watch", lambda: _lists_and_watches(proxy),
+                       lambda counts: counts[1] == 2)  # fmt: skip
+            second = [r for r in proxy.requests("GET", LISTS) if r.params.get("watch")][1]
+            assert int(second.params["resourceVersion"]) >= int(seen)  # resumed, not relisted
+            assert _lists_and_watches(proxy)[0] == 1
+            bound_pod(kube, "api-2", node, ["api"])  # and it still follows
+            assert sorted(p.name for p in listed(kube, source, lambda p: len(p) == 2)) == [
+                "api-1", "api-2"]  # fmt: skip
+            # the server no longer has the version (410 Gone): the node's pods listed again
+            proxy.fail_next("GET", LISTS, status=410)
+            proxy.end_watches()
+            kube.until("a list after 410 Gone", lambda: _lists_and_watches(proxy)[0],
+                       lambda lists: lists == 2)  # fmt: skip
+            assert sorted(p.name for p in listed(kube, source, lambda p: len(p) == 2)) == [
+                "api-1", "api-2"]  # fmt: skip
+        finally:
+            source.close()

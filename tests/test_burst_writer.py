@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pytest
 
 from helpers import CgroupTree, kubepods_levels
-from unthrottle.agent.burst import BurstWriter
+from unthrottle.agent.burst import BurstScope, BurstWriter
 from unthrottle.agent.discovery import Found, discover_kubepods
 from unthrottle.agent.naming import PodInfo, name_cgroups
 from unthrottle.cgroups import Cgroup, Layout
@@ -75,9 +75,9 @@ def test_annotated_bursts_reach_the_kernel_clamped_to_each_quota(node: Node) -> 
     assert "unthrottle_agent_burst_clamped_total 1" in writer.metrics()
 
 
-def test_koordinators_percentages_are_honoured(node: Node) -> None:
+def test_koordinators_percentages_are_honoured_where_told_no_koordlet_runs(node: Node) -> None:
     api, envoy = node.container(API, 30_000), node.container(ENVOY, 20_000)
-    writer = BurstWriter(node.layout, NodeCpu())
+    writer = BurstWriter(node.layout, NodeCpu(), scope=BurstScope(koordinator=True))
     current = pods({"koordinator.sh/cpuBurst": '{"policy": "auto", "cpuBurstPercent": 50}'},
                    {API: "api", ENVOY: "envoy"})  # fmt: skip
     writer.apply(node.found(current), current)
@@ -157,3 +157,56 @@ def test_what_was_said_about_pods_and_containers_that_are_gone_is_forgotten(node
     assert writer.remembered == 2  # and the bad annotation of the pod, still there
     writer.apply(node.found([]), [])  # the pod is gone
     assert writer.remembered == 0
+
+
+KOORDINATOR = {"koordinator.sh/cpuBurst": '{"policy": "auto", "cpuBurstPercent": 50}'}
+
+
+@pytest.mark.parametrize(
+    ("annotations", "scope", "why"),
+    [
+        ({"unthrottle.io/cpu-burst": "10ms"}, BurstScope(frozenset({"pay"})),
+         "namespace shop is not among the agent's burst namespaces (pay)"),
+        (KOORDINATOR, BurstScope(), "it carries koordinator.sh/cpuBurst"),
+        ({**KOORDINATOR, "unthrottle.io/cpu-burst": "10ms"}, BurstScope(),
+         "it carries koordinator.sh/cpuBurst"),
+    ],
+    ids=["namespace-not-allowed", "koordinators-pod", "koordinators-pod-with-ours-too"],
+)  # fmt: skip
+def test_a_pod_outside_the_scope_is_never_written_and_is_named_once(
+    node: Node, caplog: pytest.LogCaptureFixture, annotations: dict[str, str],
+    scope: BurstScope, why: str,
+) -> None:  # fmt: skip
+    """The write path's allowlist: another namespace's pod, or a pod that Koordinator's
+    koordlet serves, keeps the burst it has (here 3 ms, as another writer left it)."""
+    api = node.container(API, 30_000)
+    Cgroup(node.layout, api.path).write_burst(3_000)
+    writer = BurstWriter(node.layout, NodeCpu(), scope=scope)
+    current = pods(annotations, {API: "api"})
+    for _ in range(3):
+        writer.apply(node.found(current), current)
+    assert node.burst(api.path) == 3_000 and node.burst(node.pod) == 0
+    assert writer.granted == {}
+    said = [r.getMessage() for r in caplog.records if "api-1" in r.getMessage()]
+    assert len(said) == 1 and why in said[0], said
+
+
+@pytest.mark.parametrize(
+    ("namespace", "scope", "written"),
+    [
+        ("shop", BurstScope(frozenset({"shop", "pay"})), True),
+        ("shop", BurstScope(frozenset({"*"})), True),
+        ("kube-system", BurstScope(frozenset({"*"})), False),
+        ("kube-system", BurstScope(frozenset({"*", "kube-system"})), True),
+    ],
+    ids=["named", "every-namespace", "star-leaves-kube-system-out", "kube-system-named"],
+)  # fmt: skip
+def test_the_allowlist_names_namespaces_and_star_never_covers_kube_system(
+    node: Node, namespace: str, scope: BurstScope, written: bool
+) -> None:
+    api = node.container(API, 30_000)
+    writer = BurstWriter(node.layout, NodeCpu(), scope=scope)
+    current = [PodInfo(namespace, "api-1", UID, {API: "api"},
+                       {"unthrottle.io/cpu-burst": "10ms"})]  # fmt: skip
+    writer.apply(node.found(current), current)
+    assert node.burst(api.path) == (10_000 if written else 0)

@@ -28,6 +28,7 @@ import pytest
 import typer
 import yaml
 
+from chart_on_cluster import IMAGE, with_image
 from conftest import ROOT
 from missing import MISSING
 from unthrottle.cli.main import app
@@ -58,13 +59,16 @@ PROMETHEUS_AUTH = {
 }
 CONFIGURATIONS: dict[str, dict[str, Any]] = {
     "defaults": {},
-    "apply-mode": {"operator": {"apply": {"enabled": True}}},
+    "apply-mode": {"operator": {"apply": {"enabled": True}, "watchNamespaces": ["shop"]}},
+    "apply-in-place": {"operator": {"apply": {"enabled": True, "inPlace": {"enabled": True}},
+                                    "watchNamespaces": ["shop"]}},
     "two-replicas-peering-cluster-wide": {"operator": {"replicas": 2}},
     "two-replicas-peering-in-namespaces": {
         "operator": {"replicas": 2, "watchNamespaces": ["shop", "pay"]}
     },
     "given-namespaces": {"operator": {"watchNamespaces": ["shop"]}},
-    "burst-writing-off": {"agent": {"burst": {"enabled": False}}},
+    "burst-writing-on": {"agent": {"burst": {"enabled": True, "namespaces": ["shop", "*"],
+                                              "koordinator": True}}},
     "service-monitors": {"monitoring": {"serviceMonitor": {"enabled": True}}},
     "pod-monitors": {"monitoring": {"podMonitor": {"enabled": True}}},
     "prometheus-rule": {"monitoring": {"prometheusRule": {"enabled": True}}},
@@ -117,8 +121,7 @@ def render_files(
     from helm_python import _native
 
     options = {**RELEASE, "kube_version": f"v{kube_version}", "api_versions": list(api_versions)}
-    out = _native.call_string("helm_render", chart()._raw(),
-                              None if values is None else json.dumps(values),
+    out = _native.call_string("helm_render", chart()._raw(), json.dumps(with_image(values)),
                               json.dumps(options))  # fmt: skip
     rendered: dict[str, str] = json.loads(out)
     return rendered
@@ -184,7 +187,7 @@ def test_every_configuration_renders_to_objects_valid_for_kubernetes(values: dic
 
 @pytest.mark.parametrize("values", CONFIGURATIONS.values(), ids=CONFIGURATIONS.keys())
 def test_every_configuration_passes_helm_lint_strictly(values: dict) -> None:
-    report = helm.lint(CHART, values, strict=True, kube_version=f"v{KUBE_VERSION}")
+    report = helm.lint(CHART, with_image(values), strict=True, kube_version=f"v{KUBE_VERSION}")
     assert report["errors"] == []
     problems = [m for m in report["messages"] if m["severity"] >= 2]  # warnings and errors
     assert problems == []
@@ -208,7 +211,11 @@ def test_the_chart_version_follows_the_project_and_the_image_defaults_to_it() ->
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert chart().metadata["appVersion"] == project["version"]
     for kind in ("Deployment", "DaemonSet"):
-        assert container(render(), kind)["image"] == f"unthrottle:{project['version']}"
+        assert container(render(), kind)["image"] == (
+            f"{IMAGE['repository']}:{project['version']}")  # fmt: skip
+    # no repository given: refused with how to build and push one, never a made-up image
+    with pytest.raises(helm.HelmRenderError, match=r"image\.repository is not set: there is no"):
+        render({"image": {"repository": ""}})
     pinned = CONFIGURATIONS["existing-priority-class-and-digest"]
     assert container(render(pinned), "DaemonSet")["image"] == (
         "registry.example/unthrottle@sha256:" + "ab" * 32
@@ -231,6 +238,8 @@ BAD_VALUES = {
                             "/agent/burst/nodeThreshold", "maximum"),
     "namespace-not-a-name": ({"operator": {"watchNamespaces": ["Shop_1"]}},
                              "/operator/watchNamespaces/0", "pattern"),
+    "burst-namespace-not-a-name": ({"agent": {"burst": {"namespaces": ["shop*"]}}},
+                                   "/agent/burst/namespaces/0", "pattern"),
 }  # fmt: skip
 
 
@@ -259,6 +268,15 @@ CONFLICTS = {
                                                      "key": "ca.crt"}}}, "prometheus.caBundle"),
     "unused-priority-class": ({"agent": {"priorityClassName": "system-node-critical"}},
                               "agent.priorityClass.create=false"),
+    "apply-without-namespaces": ({"operator": {"apply": {"enabled": True}}},
+                                 "operator.apply.enabled needs operator.watchNamespaces"),
+    "apply-in-kube-system": ({"operator": {"apply": {"enabled": True},
+                                           "watchNamespaces": ["shop", "kube-system"]}},
+                             "Apply mode is never granted in kube-system"),
+    "burst-without-namespaces": ({"agent": {"burst": {"enabled": True}}},
+                                 "agent.burst.enabled needs agent.burst.namespaces"),
+    "in-place-without-apply": ({"operator": {"apply": {"inPlace": {"enabled": True}}}},
+                               "operator.apply.inPlace.enabled needs operator.apply.enabled"),
 }  # fmt: skip
 
 
@@ -446,9 +464,10 @@ OPERATOR_ROLES = {"unthrottle-operator", "unthrottle-operator-cluster"}
 PEERING_VERBS = ("get", "list", "watch", "patch")  # Kopf's keep-alives in the peering status
 RBAC_CASES = {
     "recommend-cluster-wide": ({}, False, False),
-    "apply-cluster-wide": ({"operator": {"apply": {"enabled": True}}}, True, False),
     "apply-in-namespaces": ({"operator": {"apply": {"enabled": True},
                                           "watchNamespaces": ["shop"]}}, True, True),
+    "apply-in-place-in-namespaces": ({"operator": {"apply": {"enabled": True, "inPlace": {
+        "enabled": True}}, "watchNamespaces": ["shop"]}}, True, True),
     "recommend-in-namespaces": ({"operator": {"watchNamespaces": ["shop"]}}, False, True),
     "peering-cluster-wide": ({"operator": {"replicas": 2}}, False, False),
     "peering-in-namespaces": ({"operator": {"replicas": 2, "watchNamespaces": ["shop"]}},
@@ -467,6 +486,9 @@ def test_the_operator_gets_exactly_the_documented_rbac(
     expected = set()
     for rules, why in documented_rbac():
         if "Apply mode" in why and not apply:
+            continue
+        in_place = values.get("operator", {}).get("apply", {}).get("inPlace", {}).get("enabled")
+        if "with InPlace only" in why and not in_place:
             continue
         if "given namespaces" in why and not namespaced:
             continue
@@ -494,20 +516,26 @@ def test_the_rbac_grants_no_secrets_no_wildcards_and_no_cluster_wide_write_if_na
     assert [(b["metadata"]["namespace"], b["roleRef"]["name"]) for b in bindings] == [
         ("shop", "unthrottle-operator")
     ]
-    # Cluster-wide, the only writes to objects that are not the operator's own are Apply's:
-    # Deployments (Rollout), and running pods' resize and burst annotation (InPlace).
-    foreign = {("apps", "deployments", "patch"), ("", "pods/resize", "patch"),
-               ("", "pods", "patch")}  # fmt: skip
+    # The only writes to objects that are not the operator's own are Apply's: Deployments
+    # (Rollout), and with InPlace, running pods' resize and burst annotation.
+    rollout = {("apps", "deployments", "patch")}
+    foreign = rollout | {("", "pods/resize", "patch"), ("", "pods", "patch")}
     own = {"throttlepolicies", "throttlepolicies/status", "events", "configmaps",
            "clusterkopfpeerings", "kopfpeerings"}  # fmt: skip
-    for values, allowed in (({}, set()), (CONFIGURATIONS["apply-mode"], foreign)):
+    # With Apply (which needs given namespaces), nothing is written through a cluster-wide
+    # binding: every write rule is bound in the watched namespaces only.
+    applying = render(CONFIGURATIONS["apply-mode"])
+    cluster_bound = {b["roleRef"]["name"] for b in applying if b["kind"] == "ClusterRoleBinding"}
+    assert not {r for r in granted(applying, cluster_bound) if r[2] not in ("get", "list", "watch")}
+    for values, allowed in (({}, set()), (CONFIGURATIONS["apply-mode"], rollout),
+                            (CONFIGURATIONS["apply-in-place"], foreign)):  # fmt: skip
         writes = {r for r in granted(render(values), OPERATOR_ROLES)
                   if r[2] not in ("get", "list", "watch") and r[1] not in own}  # fmt: skip
         assert writes == allowed
 
 
-def test_the_agent_may_only_list_pods() -> None:
-    assert granted(render(), {"unthrottle-agent"}) == {("", "pods", "list")}
+def test_the_agent_may_only_list_and_watch_pods() -> None:
+    assert granted(render(), {"unthrottle-agent"}) == {("", "pods", "list"), ("", "pods", "watch")}
 
 
 # --- the agent ------------------------------------------------------------------------------
@@ -520,24 +548,33 @@ def cgroup_mount(objects: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[st
     return mount, volume
 
 
-def test_the_agent_mounts_the_hosts_cgroupfs_read_write_only_to_write_burst() -> None:
-    mount, volume = cgroup_mount(render())
+def test_by_default_the_agent_only_measures_with_the_hosts_cgroupfs_read_only() -> None:
+    objects = render()
+    mount, volume = cgroup_mount(objects)
     assert volume["hostPath"] == {"path": "/sys/fs/cgroup", "type": "Directory"}
     # The agent finds cgroup mounts in its own /proc/self/mountinfo: the host's must be
     # mounted where the container's own view was, not beside it.
-    assert mount["mountPath"] == "/sys/fs/cgroup" and mount["readOnly"] is False
-    args = parse("agent", container(render(), "DaemonSet")["args"][1:])
-    assert args["burst"] is True and args["burst_node_threshold"] == 0.5
-
-    off = render({"agent": {"burst": {"enabled": False}}})
-    mount, _ = cgroup_mount(off)
+    assert mount["mountPath"] == "/sys/fs/cgroup"
     assert mount["readOnly"] is True and mount["recursiveReadOnly"] == "IfPossible"
-    assert parse("agent", container(off, "DaemonSet")["args"][1:])["burst"] is False
+    args = parse("agent", container(objects, "DaemonSet")["args"][1:])
+    assert args["burst"] is False and not args["burst_namespace"]
     # Before Kubernetes 1.30 there is no recursiveReadOnly: a plain read-only mount, valid.
-    older = render({"agent": {"burst": {"enabled": False}}}, kube_version="1.29.0")
+    older = render(kube_version="1.29.0")
     mount, _ = cgroup_mount(older)
     assert mount["readOnly"] is True and "recursiveReadOnly" not in mount
     kubernetes_validate.validate(only(older, "DaemonSet"), "1.29.0", strict=True)
+
+
+def test_burst_writing_is_opt_in_for_named_namespaces_and_only_then_mounts_read_write() -> None:
+    on = render(CONFIGURATIONS["burst-writing-on"])
+    mount, _ = cgroup_mount(on)
+    assert mount["readOnly"] is False and "recursiveReadOnly" not in mount
+    args = parse("agent", container(on, "DaemonSet")["args"][1:])
+    assert args["burst"] is True and args["burst_node_threshold"] == 0.5
+    assert args["burst_namespace"] == ["shop", "*"] and args["burst_koordinator"] is True
+    notes = render_files(CONFIGURATIONS["burst-writing-on"])["unthrottle/templates/NOTES.txt"]
+    assert "read-write" in notes and "shop, *" in notes
+    assert "writes nothing" in render_files()["unthrottle/templates/NOTES.txt"]
 
 
 def test_the_agent_is_root_without_privilege_and_without_any_capability() -> None:
@@ -673,3 +710,50 @@ def test_the_notes_say_what_to_do_next() -> None:
     assert "Apply mode is off" in notes
     namespaced = render_files({"operator": {"watchNamespaces": ["pay"]}})
     assert "namespace: pay" in namespaced["unthrottle/templates/NOTES.txt"]
+
+
+# --- the install path (issue 30, item 6) ---------------------------------------------------
+
+
+def test_the_operator_is_ready_only_once_kopf_serves_its_probe() -> None:
+    c = container(render(), "Deployment")
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "liveness"}
+    liveness = parse("operator", c["args"][1:])["liveness"]
+    assert liveness.endswith(f":{ports['liveness']}")  # the port Kopf's probe listens on
+
+
+def test_more_replicas_get_a_disruption_budget_and_spread_one_does_not() -> None:
+    one = render()
+    assert [o for o in one if o["kind"] == "PodDisruptionBudget"] == []
+    assert "topologySpreadConstraints" not in only(one, "Deployment")["spec"]["template"]["spec"]
+    three = render({"operator": {"replicas": 3}})
+    pdb = only(three, "PodDisruptionBudget")
+    pod = only(three, "Deployment")["spec"]["template"]
+    assert pdb["spec"]["maxUnavailable"] == 1  # a drain leaves a standby to take over
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    spread = pod["spec"]["topologySpreadConstraints"]
+    assert {s["topologyKey"] for s in spread} == {"topology.kubernetes.io/zone",
+                                                 "kubernetes.io/hostname"}  # fmt: skip
+    assert {s["whenUnsatisfiable"] for s in spread} == {"ScheduleAnyway"}  # never held back
+    kubernetes_validate.validate(pdb, KUBE_VERSION, strict=True)
+
+
+def test_the_agents_priority_class_preempts_unless_told_never() -> None:
+    assert only(render(), "PriorityClass")["preemptionPolicy"] == "PreemptLowerPriority"
+    never = render({"agent": {"priorityClass": {"preemptionPolicy": "Never"}}})
+    assert only(never, "PriorityClass")["preemptionPolicy"] == "Never"
+
+
+@pytest.mark.parametrize("kind", ["serviceMonitor", "podMonitor"])
+def test_a_monitor_replaces_the_scrape_annotations_so_nothing_is_scraped_twice(kind: str) -> None:
+    def annotated(objects: list[dict[str, Any]]) -> set[str]:
+        return {o["kind"] for o in objects if o["kind"] in ("Deployment", "DaemonSet")
+                and "prometheus.io/scrape" in (o["spec"]["template"]["metadata"].get(
+                    "annotations") or {})}  # fmt: skip
+
+    assert annotated(render()) == {"Deployment", "DaemonSet"}
+    values = {"monitoring": {kind: {"enabled": True}}}
+    assert annotated(render(values)) == set()
+    # no Prometheus operator to render the monitor: the annotations stay, the only way in
+    assert annotated(render(values, api_versions=())) == {"Deployment", "DaemonSet"}

@@ -37,6 +37,7 @@ from chart_on_cluster import (
     self_allowed,
     self_rules,
     service_account_user,
+    with_image,
 )
 from kube import Kube, fresh_name
 from kube_faults import FaultProxy
@@ -124,7 +125,7 @@ def installed(kube: Kube, values: dict[str, Any], *, wait: bool = True) -> Itera
     with helm_config(kube, kube.namespace) as helm:
         started = time.monotonic()
         try:
-            summary = helm.install(CHART, release, values, namespace=kube.namespace,
+            summary = helm.install(CHART, release, with_image(values), namespace=kube.namespace,
                                    wait="watcher" if wait else None, timeout=180)  # fmt: skip
             seconds = time.monotonic() - started
             assert summary["status"] == "deployed", summary
@@ -197,6 +198,12 @@ def test_helm_installs_the_chart_the_controllers_run_it_and_uninstall_removes_it
                            selector="app.kubernetes.io/component=agent")  # fmt: skip
         assert {p["spec"]["nodeName"] for p in agents} == nodes
         _pods_running_on_fake_nodes(kube, agents, agent)
+        # the host's cgroupfs as the server keeps it: read-only unless burst writing is on
+        served = kube.get("apps/v1/daemonsets", release.namespace, agent) or {}
+        (mount,) = [m for m in served["spec"]["template"]["spec"]["containers"][0]
+                    ["volumeMounts"] if m["name"] == "cgroup"]  # fmt: skip
+        writes = values.get("agent", {}).get("burst", {}).get("enabled", False)
+        assert mount.get("readOnly", False) is not writes, mount
     # helm uninstall: every object of the release is gone; the CRDs stay (docs/install.md)
     kube.until("the release's objects gone", lambda: _on_the_server(kube, release.objects),
                lambda left: left == [])  # fmt: skip
@@ -312,8 +319,15 @@ APPLY_ONLY = {("apps", "deployments", "patch"), ("autoscaling.k8s.io", "vertical
 CLUSTER_SCOPED = {"customresourcedefinitions", "namespaces", "clusterkopfpeerings"}
 
 
-@pytest.mark.parametrize("apply_enabled", [True, False], ids=["apply-enabled", "apply-disabled"])
-@pytest.mark.parametrize("namespaced", [False, True], ids=["every-namespace", "given-namespaces"])
+RBAC_SHAPES = {  # (Apply, given namespaces): the chart refuses Apply in every namespace
+    "recommend-every-namespace": (False, False),
+    "recommend-given-namespaces": (False, True),
+    "apply-given-namespaces": (True, True),
+}
+
+
+@pytest.mark.parametrize(("apply_enabled", "namespaced"), RBAC_SHAPES.values(),
+                         ids=RBAC_SHAPES.keys())  # fmt: skip
 def test_the_server_grants_exactly_the_documented_rbac(
     kube: Kube, apply_enabled: bool, namespaced: bool
 ) -> None:
@@ -321,7 +335,8 @@ def test_the_server_grants_exactly_the_documented_rbac(
     operator's ServiceAccount: what applies is allowed, what does not is denied."""
     watched = _namespace(kube, "shop")
     elsewhere = _namespace(kube, "other")
-    operator: dict[str, Any] = {"apply": {"enabled": apply_enabled}}
+    operator: dict[str, Any] = {"apply": {"enabled": apply_enabled,
+                                          "inPlace": {"enabled": apply_enabled}}}  # fmt: skip
     if namespaced:
         operator["watchNamespaces"] = [watched]
     with chart_rbac(kube, {"operator": operator}) as rbac:
@@ -350,7 +365,11 @@ SECRET_VERBS = ("get", "list", "watch")
 def test_no_service_account_of_the_chart_may_read_secrets(
     kube: Kube, tmp_path: Path, apply_enabled: bool
 ) -> None:
-    values = {"operator": {"apply": {"enabled": apply_enabled}}}
+    operator: dict[str, Any] = {"apply": {"enabled": apply_enabled,
+                                          "inPlace": {"enabled": apply_enabled}}}  # fmt: skip
+    if apply_enabled:  # Apply needs given namespaces (the chart refuses it without)
+        operator["watchNamespaces"] = [_namespace(kube, "shop")]
+    values = {"operator": operator}
     with chart_rbac(kube, values) as rbac:
         for role in rbac.objects:
             if role["kind"] in ("ClusterRole", "Role"):
@@ -360,7 +379,8 @@ def test_no_service_account_of_the_chart_may_read_secrets(
         for component in ("operator", "agent"):
             token_client = kube.api_client(kube.kubeconfig(
                 tmp_path / f"{component}.kubeconfig", token=rbac.token(component)))  # fmt: skip
-            for place in ("", rbac.namespace, "default", "kube-system"):
+            for place in ("", rbac.namespace, "default", "kube-system",
+                          *operator.get("watchNamespaces", [])):  # fmt: skip
                 for verb in SECRET_VERBS:
                     access = Access(verb, "", "secrets", "", place)
                     assert allowed_for(kube, rbac.user(component), access)[0] is False, access
@@ -515,9 +535,14 @@ def _asked_and_refused(run: OperatorRun) -> tuple[set[Access], dict[Access, str]
 def test_with_apply_enabled_every_call_of_the_operator_is_allowed_and_apply_patches(
     kube: Kube, tmp_path: Path, chart_crds: None
 ) -> None:
-    """The chart's default shape (every namespace, a ClusterRoleBinding) with Apply on."""
-    every_namespace = {"apply": {"enabled": True}}
-    with operator_on_its_token(kube, tmp_path, lambda shop, stage: every_namespace) as run:
+    """Apply on, in the namespaces it must name (RoleBindings there): every call allowed,
+    and nothing it could patch in kube-system."""
+
+    def values(shop: str, stage: str) -> dict[str, Any]:
+        return {"apply": {"enabled": True, "inPlace": {"enabled": True}},
+                "watchNamespaces": [shop, stage]}  # fmt: skip
+
+    with operator_on_its_token(kube, tmp_path, values) as run:
         run.policy(run.shop, "pay", RECOMMEND)
         run.policy(run.stage, "pay", APPLY)
         _recommends_with_status_events_and_report(run)
@@ -545,19 +570,30 @@ def test_with_apply_enabled_every_call_of_the_operator_is_allowed_and_apply_patc
                                     "annotations", {}).get(RECORD, ""))  # fmt: skip
         assert '"method":"InPlace"' in resized["metadata"]["annotations"][RECORD]
         asked, refused = _asked_and_refused(run)
+        for write in sorted({a for a in asked if a.verb not in ("get", "list", "watch")}):
+            there = replace(write, namespace="kube-system")
+            assert allowed_for(kube, run.rbac.user(), there)[0] is False, there
     assert refused == {}
     used = _least_privilege(run, asked)
     assert {("apps", "deployments", "patch"), ("", "pods/resize", "patch"),
             ("", "pods", "patch")} <= used  # fmt: skip
 
 
-def _least_privilege(run: OperatorRun, asked: set[Access]) -> set[tuple[str, str, str]]:
+REPLACE_CONFIGMAPS = ("", "configmaps", "update")
+"""A ConfigMap is created first (after a get finds none) and replaced only from the second
+write on: a run of one reconcile does not replace its report or checkpoint yet."""
+
+
+def _least_privilege(run: OperatorRun, asked: set[Access], *,
+                     not_yet: frozenset[tuple[str, str, str]] = frozenset(),
+                     ) -> set[tuple[str, str, str]]:  # fmt: skip
     """What the operator used, (group, resource, verb); every write the chart grants must be
-    among them (a write granted and never made would be more than the operator needs)."""
+    among them (a write granted and never made would be more than the operator needs),
+    but for ``not_yet``: writes this run is too short to need."""
     used = {(a.group, f"{a.resource}/{a.subresource}" if a.subresource else a.resource, a.verb)
             for a in asked}  # fmt: skip
     writes = {rule for rule in run.rbac.granted() if rule[2] not in ("get", "list", "watch")}
-    assert writes - used == set()
+    assert writes - used - not_yet == set()
     print("reads granted and not made in this run:", sorted(run.rbac.granted() - used))
     return used
 
@@ -585,7 +621,10 @@ def test_with_peering_the_operator_keeps_alive_in_the_peering_object_on_the_char
                   lambda p: bool(p["status"]))  # fmt: skip
         asked, refused = _asked_and_refused(run)
     assert refused == {}
-    assert ("kopf.dev", kind, "patch") in _least_privilege(run, asked)
+    # one reconcile: the report and checkpoint are created, not yet replaced (the Apply
+    # test's reconciles replace them, and use every write the chart grants)
+    used = _least_privilege(run, asked, not_yet=frozenset({REPLACE_CONFIGMAPS}))
+    assert ("kopf.dev", kind, "patch") in used
 
 
 @requires_prometheus
@@ -631,3 +670,98 @@ def _messages(status: dict[str, Any], deployment: str) -> list[str]:
     out += [c["message"] for c in status.get("conditions") or []
             if c["type"] == "Degraded" and c["status"] == "True"]  # fmt: skip
     return out
+
+
+# --- 3. docs/install.md, "What each component can read and write", row by row --------------
+
+INSTALL_MD = CHART.parent.parent / "docs" / "install.md"
+SHAPES = {  # the table's "with" column → the chart's operator values
+    "Recommend": lambda watched: {},
+    "Apply": lambda watched: {"apply": {"enabled": True}, "watchNamespaces": [watched]},
+    "Apply InPlace": lambda watched: {
+        "apply": {"enabled": True, "inPlace": {"enabled": True}},
+        "watchNamespaces": [watched],
+    },
+}
+
+
+@dataclass(frozen=True)
+class Statement:
+    """One row of the table: a component may (or, with ``no``, may not) do each verb on
+    each resource, in a kind of place, in the chart's shapes named."""
+
+    component: str
+    verbs: tuple[tuple[str, bool], ...]
+    resources: tuple[str, ...]
+    where: str
+    shapes: tuple[str, ...]
+
+
+def documented_access() -> list[Statement]:
+    section = INSTALL_MD.read_text().split("## 3. What each component can read and write", 1)
+    assert len(section) == 2, "docs/install.md has no section 'What each component can…'"
+    rows = []
+    for line in section[1].split("\n## ", 1)[0].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 5 or cells[0] not in ("operator", "agent"):
+            continue
+        verbs = tuple((v.removeprefix("no ").strip(), not v.startswith("no "))
+                      for v in (x.strip() for x in cells[1].split(",")))  # fmt: skip
+        resources = tuple(re.findall(r"`([^`]+)`", cells[2]))
+        shapes = tuple(x.strip() for x in cells[4].split(","))
+        assert resources and set(shapes) <= set(SHAPES), line
+        rows.append(Statement(cells[0], verbs, resources, cells[3], shapes))
+    assert len(rows) >= 10, "the table of docs/install.md was not found"
+    return rows
+
+
+def _places(where: str, watched: str, other: str, release: str) -> list[str]:
+    return {"watched namespaces": [watched], "other namespaces": [other],
+            "kube-system": ["kube-system"],
+            "every namespace": [watched, other, "kube-system", release]}[where]  # fmt: skip
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_every_statement_of_the_install_guide_on_reads_and_writes_is_the_authorizers(
+    kube: Kube, shape: str
+) -> None:
+    """docs/install.md says what each component can read and write; the real API server's
+    authorizer answers each of those statements, verb by verb, for the chart's RBAC."""
+    watched, other = _namespace(kube, "shop"), _namespace(kube, "other")
+    wrong = []
+    with chart_rbac(kube, {"operator": SHAPES[shape](watched)}) as rbac:
+        for row in documented_access():
+            if shape not in row.shapes:
+                continue
+            for token in row.resources:
+                base, _, sub = token.partition("/")
+                resource, _, group = base.partition(".")
+                for place in _places(row.where, watched, other, rbac.namespace):
+                    for verb, expected in row.verbs:
+                        access = Access(verb, group, resource, sub, place)
+                        allowed, why = allowed_for(kube, rbac.user(row.component), access)
+                        if allowed is not expected:
+                            said = "allowed" if allowed else "denied"
+                            wrong.append(f"{row.component} {access}: {said} ({why})")
+    assert wrong == []
+    for namespace in (watched, other):
+        kube.delete("v1/namespaces", None, namespace)
+
+
+def test_helm_refuses_apply_without_watched_namespaces_naming_the_reason(kube: Kube) -> None:
+    """Apply cluster-wide would let any policy patch kube-system: the install is refused,
+    before anything reaches the server, with the values to set."""
+    import helm_python as helm
+
+    kube.create_namespace(kube.namespace, PRIVILEGED)
+    for operator, reason in (
+        ({"apply": {"enabled": True}}, "operator.apply.enabled needs operator.watchNamespaces"),
+        ({"apply": {"enabled": True}, "watchNamespaces": ["kube-system"]},
+         "Apply mode is never granted in kube-system"),
+    ):  # fmt: skip
+        with (
+            pytest.raises(helm.HelmError, match=re.escape(reason)),
+            installed(kube, {"operator": operator}, wait=False),
+        ):
+            pass
+        assert kube.list("apps/v1/deployments", kube.namespace) == []

@@ -29,7 +29,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from chart_on_cluster import helm_config
+from chart_on_cluster import helm_config, with_image
 from kube import Kube, fresh_name
 from test_chart import (
     CHART,
@@ -44,7 +44,11 @@ from test_chart import (
 )
 from unthrottle.operator.admission import HANDLER_ID
 
-APPLY: dict[str, Any] = {"operator": {"apply": {"enabled": True}}}
+IN_PLACE = {"enabled": True, "inPlace": {"enabled": True}}
+APPLY: dict[str, Any] = {"operator": {"apply": IN_PLACE, "watchNamespaces": ["shop"]}}
+"""Apply mode with InPlace, which the webhook serves."""
+ROLLOUT: dict[str, Any] = {"operator": {"apply": {"enabled": True}, "watchNamespaces": ["shop"]}}
+"""Apply mode with Rollout only (the policies' default method)."""
 WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "Service", "Secret")
 Obj = dict[str, Any]
 
@@ -74,13 +78,15 @@ def pem(data: str) -> bytes:
 
 WHEN = {
     "defaults": ({}, False),
-    "apply-mode": (APPLY, True),
-    "apply-mode-webhook-off": ({"operator": {"apply": {"enabled": True,
-                                                       "inPlace": {"webhook": False}}}}, False),
+    "apply-in-place": (APPLY, True),
+    "apply-rollout-only": (ROLLOUT, False),
+    "apply-in-place-webhook-off": ({"operator": {"apply": {"enabled": True, "inPlace": {
+                                                    "enabled": True, "webhook": False}},
+                                             "watchNamespaces": ["shop"]}}, False),
     "recommend-mode-webhook-asked": ({"operator": {"apply": {"enabled": False,
                                                              "inPlace": {"webhook": True}}}},
                                      False),
-    "agent-only": ({"operator": {"enabled": False, "apply": {"enabled": True}}}, False),
+    "agent-only": ({"operator": {"enabled": False, "apply": IN_PLACE}}, False),
 }  # fmt: skip
 
 
@@ -88,8 +94,9 @@ WHEN = {
 def test_the_webhook_comes_with_apply_mode_only_and_can_be_turned_off(
     values: Obj, present: bool
 ) -> None:
-    """It gives pods the limits of an InPlace change, which only Apply mode makes: on by
-    default with operator.apply.enabled, off with operator.apply.inPlace.webhook false."""
+    """It gives pods the limits of an InPlace change, which only Apply mode with InPlace
+    makes: on with operator.apply.inPlace.enabled, never for Apply with Rollout alone, off
+    with operator.apply.inPlace.webhook false."""
     objects = render(values)
     found = webhook_objects(objects)
     assert set(found) == (set(WEBHOOK_KINDS) if present else set())
@@ -115,8 +122,8 @@ def test_the_configuration_never_holds_a_pod_back() -> None:
                               "operations": ["CREATE"], "scope": "Namespaced"}]  # fmt: skip
 
 
-NAMESPACES = {
-    "every-namespace": ([], None),
+NAMESPACES = {  # Apply mode needs given namespaces (tests/test_chart.py)
+    "one-namespace": (["shop"], ["shop"]),
     "given-namespaces": (["shop", "pay"], ["shop", "pay"]),
 }
 
@@ -125,7 +132,7 @@ NAMESPACES = {
 def test_it_sees_deployments_pods_only_never_in_its_own_namespace_or_kube_system(
     watch: list[str], only_in: list[str] | None
 ) -> None:
-    hook = hook_of(render({"operator": {"apply": {"enabled": True}, "watchNamespaces": watch}}))
+    hook = hook_of(render({"operator": {"apply": IN_PLACE, "watchNamespaces": watch}}))
     expressions = hook["namespaceSelector"]["matchExpressions"]
     name = "kubernetes.io/metadata.name"  # every namespace has it (the API server sets it)
     assert {"key": name, "operator": "NotIn", "values": [RELEASE["namespace"], "kube-system"]} in (
@@ -250,16 +257,27 @@ def test_the_operator_pod_carries_the_certificates_checksum_so_a_new_one_rolls_i
     )
 
 
+CERT_MANAGER = {"operator": {"apply": {**IN_PLACE, "inPlace": {"enabled": True, "certificates": {
+    "source": "certManager"}}}, "watchNamespaces": ["shop"]}}  # fmt: skip
+CA = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n").decode()
+THEIRS = {"operator": {"apply": {**IN_PLACE, "inPlace": {"enabled": True, "certificates": {
+    "source": "secret", "secret": {"name": "webhook-tls", "caBundle": CA}}}},
+    "watchNamespaces": ["shop"]}}  # fmt: skip
+
+
 # --- Helm and Kubernetes accept it -------------------------------------------------------
 
 CONFIGURATIONS = {
     "apply-mode": APPLY,
-    "apply-in-namespaces": {"operator": {"apply": {"enabled": True},
+    "apply-in-namespaces": {"operator": {"apply": IN_PLACE,
                                          "watchNamespaces": ["shop", "pay"]}},
     "apply-peering-no-scrape-annotations": {
-        "operator": {"replicas": 3, "apply": {"enabled": True}, "ports": {"webhook": 10443}},
+        "operator": {"replicas": 3, "apply": IN_PLACE, "ports": {"webhook": 10443},
+                     "watchNamespaces": ["shop"]},
         "monitoring": {"scrapeAnnotations": False},
     },
+    "cert-manager": CERT_MANAGER,
+    "own-secret": THEIRS,
 }  # fmt: skip
 
 
@@ -268,16 +286,17 @@ def test_every_webhook_configuration_is_valid_for_kubernetes_and_passes_helm_lin
     values: Obj,
 ) -> None:
     objects = render(values)
-    assert set(webhook_objects(objects)) == set(WEBHOOK_KINDS)
+    kinds = set(WEBHOOK_KINDS) - ({"Secret"} if values in (CERT_MANAGER, THEIRS) else set())
+    assert set(webhook_objects(objects)) == kinds
     for obj in objects:
-        if obj["apiVersion"] == "kopf.dev/v1":
-            continue  # Kopf's peering objects: tests/test_chart.py checks them
+        if obj["apiVersion"] in ("kopf.dev/v1", "cert-manager.io/v1"):
+            continue  # custom kinds: Kopf's peering (tests/test_chart.py), cert-manager's
         try:
             kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
         except kubernetes_validate.ValidationError as error:
             where = ".".join(str(p) for p in error.path)
             pytest.fail(f"{obj['kind']} {obj['metadata']['name']}: {where}: {error.message}")
-    report = helm.lint(CHART, values, strict=True, kube_version=f"v{KUBE_VERSION}")
+    report = helm.lint(CHART, with_image(values), strict=True, kube_version=f"v{KUBE_VERSION}")
     assert report["errors"] == []
     assert [m for m in report["messages"] if m["severity"] >= 2] == []
     params = operator_params(objects)
@@ -345,7 +364,7 @@ def released(kube: Kube, values: Obj) -> Iterator[tuple[helm.Config, str]]:
     release = fresh_name("ut")
     with helm_config(kube, kube.namespace) as config:
         try:
-            summary = config.install(CHART, release, values, namespace=kube.namespace,
+            summary = config.install(CHART, release, with_image(values), namespace=kube.namespace,
                                      timeout=120)  # fmt: skip
             assert summary["status"] == "deployed", summary
             yield config, release
@@ -359,15 +378,19 @@ def test_an_upgrade_keeps_the_certificate_and_a_deleted_secret_is_made_anew(kube
     caBundle and Secret in step, and rolls the operator to serve the new one."""
     watched = fresh_name("shop")  # the configuration applies there only
     kube.create_namespace(watched)
-    values = {"operator": {"apply": {"enabled": True}, "watchNamespaces": [watched]},
+    values = {"operator": {"apply": IN_PLACE, "watchNamespaces": [watched]},
               "agent": {"enabled": False}}  # fmt: skip
     try:
         with released(kube, values) as (config, release):
             installed = served(kube, release)
-            config.upgrade(CHART, release, values, namespace=kube.namespace, timeout=120)
+            config.upgrade(
+                CHART, release, with_image(values), namespace=kube.namespace, timeout=120
+            )
             upgraded = served(kube, release)
             kube.delete("v1/secrets", kube.namespace, upgraded.name)
-            config.upgrade(CHART, release, values, namespace=kube.namespace, timeout=120)
+            config.upgrade(
+                CHART, release, with_image(values), namespace=kube.namespace, timeout=120
+            )
             renewed = served(kube, release)
     finally:
         kube.delete("v1/namespaces", None, watched)
@@ -378,3 +401,62 @@ def test_an_upgrade_keeps_the_certificate_and_a_deleted_secret_is_made_anew(kube
     x509.load_pem_x509_certificate(pem(renewed.secret["tls.crt"])).verify_directly_issued_by(ca)
     assert renewed.checksum != installed.checksum
     assert renewed.replicaset != installed.replicaset  # the operator's pod was rolled
+
+
+# --- under GitOps: cert-manager, or a Secret of the user's ---------------------------------
+
+
+@pytest.mark.parametrize("values", [CERT_MANAGER, THEIRS], ids=["cert-manager", "own-secret"])
+def test_under_gitops_two_renders_are_the_same_so_a_sync_settles(values: Obj) -> None:
+    """helm template (Argo CD, Flux) has no cluster to look a Secret up in: with cert-manager
+    or a Secret of the user's, nothing of the chart's changes from one render to the next,
+    and the operator's pod carries no certificate checksum that would roll it."""
+    first, second = render(values), render(values)
+    assert first == second
+    template = only(first, "Deployment")["spec"]["template"]
+    assert "checksum/webhook-tls" not in (template["metadata"].get("annotations") or {})
+    assert not [o for o in first if o["kind"] == "Secret"]  # the chart makes no key
+    generated = render(APPLY)
+    assert generated != render(APPLY)  # the default's new CA at each render, as documented
+
+
+def test_cert_manager_issues_the_certificate_and_its_cainjector_fills_the_ca_bundle() -> None:
+    objects = render(CERT_MANAGER)
+    hook = only(objects, "MutatingWebhookConfiguration")
+    name = hook["metadata"]["name"]
+    assert hook["metadata"]["annotations"] == {
+        "cert-manager.io/inject-ca-from": f"{RELEASE['namespace']}/{name}"}  # fmt: skip
+    assert "caBundle" not in hook_of(objects)["clientConfig"]
+    cert = only(objects, "Certificate")
+    reference = hook_of(objects)["clientConfig"]["service"]
+    svc, ns = reference["name"], reference["namespace"]
+    assert f"{svc}.{ns}.svc" in cert["spec"]["dnsNames"]  # what the API server asks for
+    assert cert["spec"]["secretName"] == name  # the Secret the operator mounts
+    pod = only(objects, "Deployment")["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "webhook-tls"]
+    assert volume["secret"]["secretName"] == name
+    # no issuer given: a self-signed Issuer of the release's; given: that one
+    assert only(objects, "Issuer")["spec"] == {"selfSigned": {}}
+    assert cert["spec"]["issuerRef"] == {"name": name, "kind": "Issuer",
+                                         "group": "cert-manager.io"}  # fmt: skip
+    theirs = json.loads(json.dumps(CERT_MANAGER))
+    theirs["operator"]["apply"]["inPlace"]["certificates"]["certManager"] = {
+        "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}
+    }
+    objects = render(theirs)
+    assert not [o for o in objects if o["kind"] == "Issuer"]
+    assert only(objects, "Certificate")["spec"]["issuerRef"] == {
+        "name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}  # fmt: skip
+
+
+def test_a_secret_of_the_users_is_mounted_and_its_ca_trusted() -> None:
+    objects = render(THEIRS)
+    assert hook_of(objects)["clientConfig"]["caBundle"] == CA
+    pod = only(objects, "Deployment")["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "webhook-tls"]
+    assert volume["secret"]["secretName"] == "webhook-tls"
+    assert not [o for o in objects if o["kind"] in ("Certificate", "Issuer")]
+    missing = json.loads(json.dumps(THEIRS))
+    del missing["operator"]["apply"]["inPlace"]["certificates"]["secret"]["caBundle"]
+    with pytest.raises(helm.HelmRenderError, match=r"set certificates\.secret\.name"):
+        render(missing)

@@ -242,7 +242,9 @@ def test_both_stages_run_the_python_the_project_is_tested_on() -> None:
     assert len(stages) == 2 and stages[0].name == "build"
     bases = {stage.base for stage in stages}
     assert len(bases) == 1, bases  # the virtualenv is copied: the same interpreter in both
-    match = re.fullmatch(r"python:(\d+)\.(\d+)\.(\d+)-slim-(\w+)", bases.pop())
+    # a digest may follow (--build-arg PYTHON_DIGEST=@sha256:…, docs/install.md)
+    match = re.fullmatch(r"python:(\d+)\.(\d+)\.(\d+)-slim-(\w+)(?:@sha256:[0-9a-f]{64})?",
+                         bases.pop())  # fmt: skip
     assert match is not None, "pin the base image to python:X.Y.Z-slim-<debian>"
     major, minor, _ = (int(g) for g in match.groups()[:3])
     low = re.fullmatch(r">=(\d+)\.(\d+)", PROJECT["project"]["requires-python"])

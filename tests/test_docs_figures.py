@@ -692,6 +692,21 @@ def alignment_table() -> list[str]:
     return rows
 
 
+def agent_api_table() -> list[str]:
+    """§14: the rise of the API server's own counters of requests on pods, less the
+    baseline's, over one window, for the agent and for the list every 5 s it replaced."""
+    r = results("agent-api-requests.json")
+    rows = []
+    for key, label in (("agent", "the agent: one list, then a watch"),
+                       ("list_every_5s", "a list every 5 s (the agent before)")):  # fmt: skip
+        f = r[key]
+        at_scale = number(r["lists_per_second_at_1000_nodes"][key])
+        rows.append(f"| {label} | {number(f['LIST'])} | {number(f['WATCH'])} | "
+                    f"{number(f['open_WATCH'])} | {at_scale} |")  # fmt: skip
+    rows.append(f"{number(r['seconds'])} s windows, {r['pods']} pods on the node")
+    return rows
+
+
 TABLES: dict[str, tuple[int, Callable[[], list[str]]]] = {
     "agent cost (§5)": (5, agent_cost_table),
     "sampling windows (§6)": (6, alignment_table),
@@ -702,6 +717,7 @@ TABLES: dict[str, tuple[int, Callable[[], list[str]]]] = {
     "bad input (§11)": (11, bad_input_table),
     "the control plane (§12)": (12, controlplane_table),
     "Apply in place (§13)": (13, inplace_tables),
+    "the agent's API requests (§14)": (14, agent_api_table),
 }
 
 
@@ -726,6 +742,7 @@ SOURCES = {  # results file → the script that writes it, and the section that 
     "bad-input.json": ("bench/bad_input_cases.py", 11),
     "controlplane.json": ("bench/controlplane.py", 12),
     "inplace.json": ("bench/inplace.py", 13),
+    "agent-api-requests.json": ("bench/agent_api_requests.py", 14),
     "simulate-speed.json": ("bench/simulate_speed.py", 1),
     "host-steal.json": ("bench/host_steal.py", 3),
     "late-booked.json": ("bench/late_readings.py", 3),

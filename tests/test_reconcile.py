@@ -294,3 +294,54 @@ def test_the_reuse_settings_decide_when_the_engine_runs_again(
     reconciler.reconcile(world.body("strict"))
     reconciler.reconcile(world.body("strict"))
     assert calls == [12, 12]  # no drift is small enough: nothing is reused
+
+
+def test_a_configmap_of_the_reports_name_that_the_policy_does_not_own_is_left_untouched(
+    world: World,
+) -> None:
+    """Whoever may write a policy must not have another's ConfigMap replaced (and then
+    garbage-collected with the policy): one named like the policy's report or checkpoint
+    is left as it is, and the policy says which and why, in a condition and an event."""
+    from unthrottle.operator.evidence import IncrementalReader
+
+    def configmap(name: str) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"namespace": world.namespace, "name": name,
+                             "labels": {"team": "pay"}},
+                "data": {"settings.yaml": "feature: on\n"}}  # fmt: skip
+
+    names = ("taken-report", "taken-evidence")
+    theirs = {name: world.kube.create("v1/configmaps", configmap(name)) for name in names}
+    uid = world.policy("taken", {"window": "5h"})["metadata"]["uid"]
+    reconciler = world.reconciler()
+    reconciler.evidence = IncrementalReader(world.source, reconciler.objects)
+    for _ in range(2):
+        assert reconciler.reconcile(world.body("taken")).fault is None
+    for name, before in theirs.items():
+        after = world.configmap(name)
+        assert after is not None
+        assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+        assert after["data"] == {"settings.yaml": "feature: on\n"}
+        assert "ownerReferences" not in after["metadata"]
+    status = world.body("taken")["status"]
+    assert status["summary"]["deployments"] == 12  # the recommendations are all there
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "ConfigMapNotOwned")
+    for name in theirs:
+        said = f"ConfigMap {world.namespace}/{name} exists and is not this policy's"
+        assert said in degraded["message"]
+    events = [e for e in world.kube.list("v1/events", world.namespace)
+              if e["involvedObject"].get("uid") == uid
+              and e["reason"] == "ConfigMapNotOwned"]  # fmt: skip
+    said_in_events = sorted(e["message"].split(" exists")[0] for e in events)
+    assert said_in_events == [f"ConfigMap {world.namespace}/{n}" for n in sorted(theirs)]
+    assert all(e["type"] == "Warning" for e in events)
+    # their owner takes them away: the policy writes its own, and is no longer Degraded
+    for name in theirs:
+        world.kube.delete("v1/configmaps", world.namespace, name)
+    assert reconciler.reconcile(world.body("taken")).fault is None
+    for name in theirs:
+        mine = world.configmap(name)
+        assert mine is not None and mine["metadata"]["ownerReferences"][0]["uid"] == uid
+    status = world.body("taken")["status"]
+    assert next(c for c in status["conditions"] if c["type"] == "Degraded")["status"] == "False"

@@ -64,6 +64,18 @@ app.kubernetes.io/component: {{ .component }}
 {{- if gt (int .Values.operator.replicas) 1 }}true{{ end -}}
 {{- end -}}
 
+{{/*
+prometheus.io/* annotations on the pods: asked for (monitoring.scrapeAnnotations), and no
+ServiceMonitor or PodMonitor rendered, which would scrape the pods a second time (and count
+the agent's demand histograms twice) wherever an annotation-based job runs too.
+*/}}
+{{- define "unthrottle.scrapeAnnotations" -}}
+{{- $m := .Values.monitoring -}}
+{{- $sm := and $m.serviceMonitor.enabled (include "unthrottle.hasMonitoring" (dict "Capabilities" .Capabilities "kind" "ServiceMonitor")) -}}
+{{- $pm := and $m.podMonitor.enabled (include "unthrottle.hasMonitoring" (dict "Capabilities" .Capabilities "kind" "PodMonitor")) -}}
+{{- if and $m.scrapeAnnotations (not $sm) (not $pm) }}true{{ end -}}
+{{- end -}}
+
 {{/* The Prometheus operator's kinds, rendered only where its CRDs are installed. */}}
 {{- define "unthrottle.hasMonitoring" -}}
 {{- if .Capabilities.APIVersions.Has (printf "monitoring.coreos.com/v1/%s" .kind) }}true{{ end -}}
@@ -75,6 +87,9 @@ values and the fix. Included by serviceaccounts.yaml, which always renders, so a
 combination stops every install and upgrade.
 */}}
 {{- define "unthrottle.validate" -}}
+{{- if not .Values.image.repository -}}
+{{- fail "image.repository is not set: there is no public image; build the repository's Dockerfile, push it where your nodes pull from (docker buildx build --platform linux/amd64,linux/arm64 -t REGISTRY/unthrottle:VERSION --push .), and set image.repository=REGISTRY/unthrottle (README, Install on a cluster)" -}}
+{{- end -}}
 {{- $m := .Values.monitoring -}}
 {{- if and $m.serviceMonitor.enabled $m.podMonitor.enabled -}}
 {{- fail "monitoring.serviceMonitor.enabled and monitoring.podMonitor.enabled are both true: choose one (both would scrape the agent twice, and unthrottle would count its demand histograms twice)" -}}
@@ -88,6 +103,24 @@ combination stops every install and upgrade.
 {{- end -}}
 {{- if and .Values.prometheus.bearerTokenSecret.name .Values.prometheus.bearerTokenFile -}}
 {{- fail "prometheus.bearerTokenSecret.name and prometheus.bearerTokenFile: give the token one way" -}}
+{{- end -}}
+{{- $op := .Values.operator -}}
+{{- if and $op.enabled $op.apply.enabled (not $op.watchNamespaces) -}}
+{{- fail "operator.apply.enabled needs operator.watchNamespaces: Apply mode patches Deployments and pods, and the chart grants that only in the namespaces it names, never cluster-wide (where kube-system and every other namespace would be open to any policy). List the namespaces where policies may apply; kube-system is refused" -}}
+{{- end -}}
+{{- if and $op.enabled $op.apply.enabled (has "kube-system" $op.watchNamespaces) -}}
+{{- fail "operator.watchNamespaces has kube-system while operator.apply.enabled is true: Apply mode is never granted in kube-system (its workloads keep the cluster running); remove it from the list" -}}
+{{- end -}}
+{{- if and $op.enabled $op.apply.inPlace.enabled (not $op.apply.enabled) -}}
+{{- fail "operator.apply.inPlace.enabled needs operator.apply.enabled: InPlace is a way of applying" -}}
+{{- end -}}
+{{- $certs := $op.apply.inPlace.certificates -}}
+{{- if and (eq $certs.source "secret") (not (and $certs.secret.name $certs.secret.caBundle)) -}}
+{{- fail "operator.apply.inPlace.certificates.source is secret: set certificates.secret.name (a kubernetes.io/tls Secret in the release's namespace) and certificates.secret.caBundle (base64 PEM of the CA that signed it, which the API server trusts)" -}}
+{{- end -}}
+{{- $burst := .Values.agent.burst -}}
+{{- if and .Values.agent.enabled $burst.enabled (not $burst.namespaces) -}}
+{{- fail "agent.burst.enabled needs agent.burst.namespaces: the agent writes the burst of pods in the namespaces named there only (\"*\" for every namespace but kube-system); with burst writing on, the host's cgroupfs is mounted read-write" -}}
 {{- end -}}
 {{- if and .Values.agent.priorityClass.create .Values.agent.priorityClassName -}}
 {{- fail "agent.priorityClassName is set: also set agent.priorityClass.create=false (the release would create a class it does not use)" -}}

@@ -14,8 +14,15 @@ Kubernetes has no field for burst; the agent sets ``cpu.cfs_burst_us`` /
   0.5 of all CPUs, as Koordinator's ``sharePoolThresholdPercent``), no burst
   is granted: every burst this agent set goes to 0 until usage falls below it.
   Bursting containers borrow idle CPU, and a busy node has none to lend;
+- **scope** (:class:`BurstScope`): only pods in the allowed namespaces are
+  written, never kube-system unless it is named; a pod that carries Koordinator's
+  annotation is left to Koordinator's koordlet (which writes the same files)
+  unless the agent is told that no koordlet runs;
 - a kernel without burst support: reads still work, writes are skipped with a
   reason logged once.
+
+The agent writes nothing unless started with ``--burst`` (the chart's
+``agent.burst.enabled``); then only these burst files, of these pods.
 """
 
 from __future__ import annotations
@@ -29,10 +36,48 @@ from typing import Protocol
 from unthrottle.agent.discovery import Found
 from unthrottle.agent.naming import PodInfo
 from unthrottle.cgroups import Cgroup, CgroupError, Layout
-from unthrottle.model.burst import BurstAnnotationError, burst_specs, spec_for
+from unthrottle.model.burst import (
+    BURST_ANNOTATION,
+    KOORDINATOR_ANNOTATION,
+    BurstAnnotationError,
+    burst_specs,
+    spec_for,
+)
 
 log = logging.getLogger("unthrottle.agent")
 DEFAULT_NODE_THRESHOLD = 0.5
+ALL_NAMESPACES = "*"
+PROTECTED_NAMESPACE = "kube-system"
+
+
+@dataclass(frozen=True, slots=True)
+class BurstScope:
+    """Whose cgroups the writer may write: the write path's allowlist."""
+
+    namespaces: frozenset[str] = frozenset({ALL_NAMESPACES})
+    """Namespaces whose pods may ask for burst; ``*`` is every namespace but kube-system,
+    which is written only when named (its pods keep the node and the cluster running)."""
+    koordinator: bool = False
+    """Honour Koordinator's ``koordinator.sh/cpuBurst``. Off: a pod that carries it is
+    Koordinator's, and none of its cgroups is written, even when it also carries ours,
+    so that this agent and Koordinator's koordlet never write the same file. On only
+    where no koordlet runs and pods already carry Koordinator's annotation."""
+
+    def refusal(self, pod: PodInfo) -> str | None:
+        """Why this pod's cgroups are not written, or None when they may be."""
+        if not self.koordinator and KOORDINATOR_ANNOTATION in pod.annotations:
+            return (
+                f"it carries {KOORDINATOR_ANNOTATION}, which Koordinator's koordlet "
+                "serves (--burst-koordinator honours it where none runs)"
+            )
+        named = pod.namespace in self.namespaces
+        if named or (ALL_NAMESPACES in self.namespaces
+                     and pod.namespace != PROTECTED_NAMESPACE):  # fmt: skip
+            return None
+        return (
+            f"namespace {pod.namespace} is not among the agent's burst namespaces "
+            f"({', '.join(sorted(self.namespaces))})"
+        )
 
 
 class NodeCpuSource(Protocol):
@@ -70,6 +115,7 @@ class BurstWriter:
     layout: Layout
     node: NodeCpuSource
     threshold: float = DEFAULT_NODE_THRESHOLD
+    scope: BurstScope = field(default_factory=BurstScope)
     granted: dict[str, int] = field(default_factory=dict)
     """Cgroup path → burst this agent wrote (what to undo)."""
     clamped_total: int = 0
@@ -111,6 +157,12 @@ class BurstWriter:
                 continue
             if item.identity.container_id is None:
                 pod_paths[pod.uid] = item
+                continue
+            refusal = self.scope.refusal(pod)
+            if refusal is not None:
+                if BURST_ANNOTATION in pod.annotations or KOORDINATOR_ANNOTATION in pod.annotations:
+                    self._once("scope", pod.uid, "", "pod %s/%s asks for burst; not written: %s",
+                               pod.namespace, pod.name, refusal)  # fmt: skip
                 continue
             try:
                 specs = burst_specs(pod.annotations)

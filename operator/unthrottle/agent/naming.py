@@ -1,10 +1,11 @@
 """Name container cgroups after their pods: namespace, pod and container, from the API.
 
-The agent lists the pods bound to its node (``spec.nodeName``) and maps each
+The agent knows the pods bound to its node (``spec.nodeName``) and maps each
 container ID in ``status.containerStatuses`` (``containerd://<id>``,
-``cri-o://<id>``, ``docker://<id>``) to the container's name. The list is taken
-again at every rediscovery, so new pods, restarted containers (new IDs) and
-deleted pods are followed. A cgroup whose pod or container the API does not
+``cri-o://<id>``, ``docker://<id>``) to the container's name. It lists them once
+and then watches them (:mod:`unthrottle.agent.podwatch`), so new pods, restarted
+containers (new IDs) and deleted pods are followed; :class:`KubePodSource` is the
+one-shot list. A cgroup whose pod or container the API does not
 know (yet), such as the sandbox's pause container, is not exported.
 
 The API is read through :class:`PodSource`, a narrow interface: from

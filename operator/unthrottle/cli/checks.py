@@ -13,10 +13,14 @@ import os
 import re
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from unthrottle.cfs.settings import MAX_PERIOD_US, MIN_PERIOD_US
 from unthrottle.cli.common import fail
 from unthrottle.model.durations import parse_duration
+
+if TYPE_CHECKING:
+    from unthrottle.agent.burst import BurstScope
 
 _PERIOD = re.compile(r"^(\d+(?:\.\d+)?)(us|ms|s)$", re.ASCII)
 _PERIOD_UNIT_US = {"us": 1, "ms": 1000, "s": 1_000_000}
@@ -149,3 +153,29 @@ def agent_options(*, standalone: bool, cgroup_root: str, kubeconfig: Path | None
         cgroup_dir(layout, cgroup_root, what="cgroup root")
     except NotFound as error:
         raise fail(f"--cgroup-root: {error}", 2) from None
+
+
+def burst_scope(*, burst: bool, namespaces: list[str], koordinator: bool,
+                standalone: bool) -> BurstScope | None:  # fmt: skip
+    """The burst writer's allowlist from ``--burst``, ``--burst-namespace`` and
+    ``--burst-koordinator``; None when the agent only measures. Writing is opt-in, and
+    so is each namespace whose pods may ask for it."""
+    from unthrottle.agent.burst import ALL_NAMESPACES, BurstScope
+
+    if not burst:
+        if namespaces or koordinator:
+            flag = "--burst-namespace" if namespaces else "--burst-koordinator"
+            raise fail(f"{flag} without --burst: the agent writes no burst unless --burst "
+                       "is given", 2)  # fmt: skip
+        return None
+    if standalone:
+        raise fail("--burst and --standalone: burst is asked for by pod annotations, "
+                   "which standalone mode does not read", 2)  # fmt: skip
+    if not namespaces:
+        raise fail("--burst needs --burst-namespace: name each namespace whose pods may ask "
+                   f"for burst (repeat it), or {ALL_NAMESPACES} for every namespace but "
+                   "kube-system", 2)  # fmt: skip
+    for name in namespaces:
+        if name != ALL_NAMESPACES and not _DNS_LABEL.match(name):
+            raise fail(f"--burst-namespace: {name!r} is not a namespace name", 2)
+    return BurstScope(namespaces=frozenset(namespaces), koordinator=koordinator)

@@ -23,7 +23,8 @@ from unthrottle import __version__
 from unthrottle.agent import logs as agent_logs
 from unthrottle.agent.burst import DEFAULT_NODE_THRESHOLD, BurstWriter, ProcStat
 from unthrottle.agent.discovery import Found, discover_kubepods, discover_standalone
-from unthrottle.agent.naming import CachedPods, KubePodSource, name_cgroups
+from unthrottle.agent.naming import name_cgroups
+from unthrottle.agent.podwatch import WatchedPods
 from unthrottle.agent.sampling import Sampler
 from unthrottle.agent.server import make_server, serve
 from unthrottle.agent.settings import AgentSettings, InvalidAgentSettings
@@ -364,8 +365,26 @@ def agent(
     ] = "",
     burst: Annotated[
         bool,
-        typer.Option(help="Write the burst that pod annotations ask for (Kubernetes mode)."),
-    ] = True,
+        typer.Option(
+            help="Write the burst that pod annotations ask for (Kubernetes mode; "
+            "off: the agent only measures, and writes nothing)."
+        ),
+    ] = False,
+    burst_namespace: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="With --burst: a namespace whose pods may ask for burst (repeat "
+            "it; * for every namespace but kube-system). Required with --burst."
+        ),
+    ] = None,
+    burst_koordinator: Annotated[
+        bool,
+        typer.Option(
+            "--burst-koordinator",
+            help="With --burst: honour koordinator.sh/cpuBurst too (only where no "
+            "Koordinator koordlet runs; otherwise pods carrying it are left to it).",
+        ),
+    ] = False,
     burst_node_threshold: Annotated[
         float,
         typer.Option(min=0, max=1, help="Grant no burst while node CPU usage is above this."),
@@ -375,6 +394,8 @@ def agent(
     ] = "info",
 ) -> None:
     """The node agent: sample container cgroups every period and export to Prometheus."""
+    scope = checks.burst_scope(burst=burst, namespaces=burst_namespace or [],
+                               koordinator=burst_koordinator, standalone=standalone)  # fmt: skip
     checks.agent_options(standalone=standalone, cgroup_root=cgroup_root,
                          kubeconfig=kubeconfig, listen=listen)  # fmt: skip
     if log_level.lower() not in {"debug", "info", "warning", "error"}:
@@ -403,9 +424,11 @@ def agent(
         where = f"below {cgroup_root!r}, named by path"
     else:
         node = node_name or os.environ.get("NODE_NAME") or socket.gethostname()
-        source = KubePodSource(_core_api(kubeconfig), node, timeout_s=settings.api_timeout_s)
-        pods = CachedPods(source)
-        writer = BurstWriter(layout, ProcStat(), burst_node_threshold) if burst else None
+        # one LIST, then a WATCH resumed by resourceVersion (agent/podwatch.py)
+        pods = WatchedPods(_core_api(kubeconfig), node, timeout_s=settings.api_timeout_s)
+        pods.start(wait_s=settings.api_timeout_s)
+        writer = (BurstWriter(layout, ProcStat(), burst_node_threshold, scope=scope)
+                  if scope is not None else None)  # fmt: skip
 
         def discover(known: frozenset[str]) -> list[Found]:
             current = pods.pods()

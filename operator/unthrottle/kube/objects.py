@@ -2,6 +2,11 @@
 
 Behind :class:`ObjectStore`, a narrow interface; :class:`KubeObjects` serves it over
 ``kubernetes.client`` with a timeout on every call. Bodies are plain JSON dicts.
+
+A ConfigMap is replaced only when the policy owns it (an owner reference with the policy's
+uid): one of the same name that it does not own, made by anyone else, is left as it is
+(:class:`NotOwnedError`), since whoever may write a policy could otherwise have any
+ConfigMap of the namespace overwritten, and garbage-collected with the policy.
 """
 
 from __future__ import annotations
@@ -33,12 +38,36 @@ class ObjectStore(Protocol):
                       data: dict[str, str] | None = None,
                       binary_data: dict[str, str] | None = None,
                       labels: dict[str, str] | None = None) -> None:  # fmt: skip
-        """Create or replace a ConfigMap owned by ``owner`` (a policy's body)."""
+        """Create a ConfigMap owned by ``owner`` (a policy's body), or replace one that
+        ``owner`` owns; :class:`NotOwnedError` when one of that name is not its own."""
         ...
 
     def event(self, involved: dict[str, Any], kind: str, reason: str, message: str) -> None:
         """Post an event (``kind``: Normal or Warning) about an object."""
         ...
+
+
+class NotOwnedError(Exception):
+    """A ConfigMap of the name a policy writes exists, and the policy does not own it: it
+    is left untouched. The message names it, its owners, and the fix."""
+
+    def __init__(self, namespace: str, name: str, found: dict[str, Any]) -> None:
+        meta = found.get("metadata") or {}
+        owners = [f"{o.get('kind')} {o.get('name')}" for o in meta.get("ownerReferences") or []]
+        whose = f"owned by {', '.join(owners)}" if owners else "with no owner"
+        super().__init__(
+            f"ConfigMap {namespace}/{name} exists and is not this policy's ({whose}): it is "
+            "left untouched; rename or delete that ConfigMap, or give the policy another name"
+        )
+        self.namespace, self.name = namespace, name
+
+
+def owned_by(found: dict[str, Any], owner: dict[str, Any]) -> bool:
+    """Whether an object carries an owner reference to ``owner`` (by uid, which a policy
+    deleted and made again under the same name does not share)."""
+    uid = (owner.get("metadata") or {}).get("uid")
+    refs = (found.get("metadata") or {}).get("ownerReferences") or []
+    return bool(uid) and any(ref.get("uid") == uid for ref in refs)
 
 
 def owner_reference(body: dict[str, Any]) -> dict[str, Any]:
@@ -113,14 +142,26 @@ class KubeObjects:
             "data": data or {},
             "binaryData": binary_data or {},
         }
-        try:
-            self.core.replace_namespaced_config_map(
-                name, namespace, body, _request_timeout=self.timeout_s
-            )
-        except ApiException as error:
-            if _status_of(error) != 404:
-                raise
-            self.core.create_namespaced_config_map(namespace, body, _request_timeout=self.timeout_s)
+        found = self.configmap(namespace, name)
+        if found is None:
+            try:
+                self.core.create_namespaced_config_map(
+                    namespace, body, _request_timeout=self.timeout_s
+                )
+                return
+            except ApiException as error:
+                if _status_of(error) != 409:  # made by someone else meanwhile: whose is it?
+                    raise
+            found = self.configmap(namespace, name)
+            if found is None:
+                raise NotOwnedError(namespace, name, {})  # made and deleted meanwhile
+        if not owned_by(found, owner):
+            raise NotOwnedError(namespace, name, found)
+        # replaced only as read: a change made since (409 Conflict) is not overwritten
+        body["metadata"]["resourceVersion"] = found["metadata"]["resourceVersion"]
+        self.core.replace_namespaced_config_map(
+            name, namespace, body, _request_timeout=self.timeout_s
+        )
 
     def event(self, involved: dict[str, Any], kind: str, reason: str, message: str) -> None:
         meta = involved.get("metadata") or {}

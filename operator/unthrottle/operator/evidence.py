@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from unthrottle.kube.objects import ObjectStore
+from unthrottle.kube.objects import NotOwnedError, ObjectStore, owned_by
 from unthrottle.metrics.aggregates import CheckpointError
 from unthrottle.metrics.evidence import ContainerEvidence, Slot, WorkloadKey, fetch
 from unthrottle.metrics.incremental import fetch_slots
@@ -35,6 +35,11 @@ class PolicyMemory:
     """The decisions the report ConfigMap was last written with, and when."""
     report_at: float = 0.0
     warned_generation: int | None = None
+    not_owned: dict[str, str] = field(default_factory=dict)
+    """ConfigMap name → why the policy left it untouched (one of its name that it does not
+    own); an entry goes when that ConfigMap is written again."""
+    not_owned_said: frozenset[str] = frozenset()
+    """The refusals the last ConfigMapNotOwned event named (an event only when they change)."""
 
 
 class EvidenceReader(Protocol):
@@ -105,7 +110,7 @@ class IncrementalReader:
                 slots = [Slot(read.start, read.start + span, found)]
             state.fold(read, slots)
         memory.aggregates = state
-        self._checkpoint(policy, state)
+        self._checkpoint(policy, state, memory)
         return state.evidence(now), []
 
     def _names(self, policy: dict[str, Any], count: int) -> list[str]:
@@ -118,7 +123,9 @@ class IncrementalReader:
         chunks: list[bytes] = []
         for name in self._names(policy, 64):
             found = self.objects.configmap(namespace, name)
-            data = ((found or {}).get("binaryData") or {}).get("checkpoint")
+            if found is None or not owned_by(found, policy):  # never another's data
+                break
+            data = (found.get("binaryData") or {}).get("checkpoint")
             if data is None:
                 break
             chunks.append(base64.b64decode(data))
@@ -132,19 +139,28 @@ class IncrementalReader:
             return SlidingEvidence(window_s)
         return state if state.window_s == window_s else SlidingEvidence(window_s)
 
-    def _checkpoint(self, policy: dict[str, Any], state: SlidingEvidence) -> None:
+    def _checkpoint(self, policy: dict[str, Any], state: SlidingEvidence,
+                    memory: PolicyMemory) -> None:  # fmt: skip
+        """Write the checkpoint's pieces; at a piece of another's name, stop there (the
+        evidence stays in memory, and the policy says which ConfigMap is in the way)."""
         meta = policy["metadata"]
         data = state.to_bytes()
         chunks = [data[i : i + self.max_bytes] for i in range(0, len(data), self.max_bytes)]
-        for name, chunk in zip(self._names(policy, len(chunks)), chunks, strict=True):
-            self.objects.put_configmap(
-                meta["namespace"], name, owner=policy,
-                binary_data={"checkpoint": base64.b64encode(chunk).decode()},
-                labels={CHECKPOINT_LABEL: meta["name"],
-                        "app.kubernetes.io/managed-by": "unthrottle"},
-            )  # fmt: skip
+        names = self._names(policy, len(chunks) + 1)
+        for name, chunk in zip(names, chunks, strict=False):
+            try:
+                self.objects.put_configmap(
+                    meta["namespace"], name, owner=policy,
+                    binary_data={"checkpoint": base64.b64encode(chunk).decode()},
+                    labels={CHECKPOINT_LABEL: meta["name"],
+                            "app.kubernetes.io/managed-by": "unthrottle"},
+                )  # fmt: skip
+            except NotOwnedError as error:
+                memory.not_owned[name] = str(error)
+                return
+            memory.not_owned.pop(name, None)
         # a shorter checkpoint than last time: the next piece, if any, must not be read back
-        extra = self._names(policy, len(chunks) + 1)[-1]
-        if self.objects.configmap(meta["namespace"], extra) is not None:
-            self.objects.put_configmap(meta["namespace"], extra, owner=policy,
+        found = self.objects.configmap(meta["namespace"], names[-1])
+        if found is not None and owned_by(found, policy):
+            self.objects.put_configmap(meta["namespace"], names[-1], owner=policy,
                                        labels={CHECKPOINT_LABEL: meta["name"]})  # fmt: skip

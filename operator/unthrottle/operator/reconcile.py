@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from unthrottle.kube.deployments import DeploymentStore
-from unthrottle.kube.objects import ObjectStore
+from unthrottle.kube.objects import NotOwnedError, ObjectStore
 from unthrottle.kube.pods import PodStore
 from unthrottle.kube.workloads import WorkloadStore
 from unthrottle.metrics.source import MetricsError, MetricsSource
@@ -170,7 +170,7 @@ class Reconciler:
         decisions = self._decisions(view)
         self._timed("report", body, lambda: self._write_report(body, spec, result, view, memory,
                                                                decisions))  # fmt: skip
-        status = self._status(body, spec, now, view, conflicts, result)
+        status = self._status(body, spec, now, view, conflicts, result, memory)
         self.objects.patch_status(namespace, name, conformed(status))
         self._events(body, memory, result, view, conflicts, decisions)
         memory.failures, memory.last_fault = 0, None
@@ -221,8 +221,8 @@ class Reconciler:
         return skipped, conflicts
 
     def _status(self, body: dict[str, Any], spec: ThrottlePolicySpec, now: float,
-                view: StatusView, conflicts: dict[str, str],
-                result: ScanResult) -> dict[str, Any]:  # fmt: skip
+                view: StatusView, conflicts: dict[str, str], result: ScanResult,
+                memory: PolicyMemory) -> dict[str, Any]:  # fmt: skip
         meta = body["metadata"]
         generation = meta.get("generation")
         previous = (body.get("status") or {}).get("conditions")
@@ -234,12 +234,15 @@ class Reconciler:
             ready_message += "; Apply mode needs write access to Deployments: nothing is patched"
         conditions = [condition(previous, "Ready", True, "Reconciled", ready_message,
                                 now=now, generation=generation)]  # fmt: skip
+        degraded = [("ConfigMapNotOwned", m) for _, m in sorted(memory.not_owned.items())]
         if conflicts:
             others = sorted(set(conflicts.values()))
+            degraded.append(("Conflict", f"{len(conflicts)} selected Deployments belong to "
+                             f"the older policy {', '.join(others)}: "
+                             f"{', '.join(sorted(conflicts))}"))  # fmt: skip
+        if degraded:
             conditions.append(condition(
-                previous, "Degraded", True, "Conflict",
-                f"{len(conflicts)} selected Deployments belong to the older policy "
-                f"{', '.join(others)}: {', '.join(sorted(conflicts))}",
+                previous, "Degraded", True, degraded[0][0], "; ".join(m for _, m in degraded),
                 now=now, generation=generation))  # fmt: skip
         else:
             conditions.append(condition(previous, "Degraded", False, "Healthy", "",
@@ -306,12 +309,18 @@ class Reconciler:
                 break
             # the share that fits, with a margin: one or two rounds instead of halvings
             limit = min(limit - 1, int(limit * self.settings.report_max_bytes / size * 0.9))
-        self.objects.put_configmap(
-            meta["namespace"], f"{meta['name']}-report", owner=body,
-            data={"report.md": text_md, "report.json": text_json},
-            labels={"app.kubernetes.io/managed-by": "unthrottle",
-                    "unthrottle.io/policy": meta["name"]},
-        )  # fmt: skip
+        name = f"{meta['name']}-report"
+        try:
+            self.objects.put_configmap(
+                meta["namespace"], name, owner=body,
+                data={"report.md": text_md, "report.json": text_json},
+                labels={"app.kubernetes.io/managed-by": "unthrottle",
+                        "unthrottle.io/policy": meta["name"]},
+            )  # fmt: skip
+        except NotOwnedError as error:  # the status still carries every recommendation
+            memory.not_owned[name] = str(error)
+            return
+        memory.not_owned.pop(name, None)
         memory.report_signature, memory.report_at = decisions, result.now
 
     def _events(self, body: dict[str, Any], memory: PolicyMemory, result: ScanResult,
@@ -330,6 +339,11 @@ class Reconciler:
         for problem in result.problems:
             if problem.kind.value != "RecordedSeries":
                 self._event(body, "Warning", problem.kind.value, problem.message)
+        refusals = frozenset(memory.not_owned.values())
+        if refusals != memory.not_owned_said:
+            memory.not_owned_said = refusals
+            for message in sorted(refusals):
+                self._event(body, "Warning", "ConfigMapNotOwned", message)
         if conflicts:
             owned = ", ".join(f"{d} ({p})" for d, p in sorted(conflicts.items()))
             self._event(
