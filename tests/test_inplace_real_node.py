@@ -135,7 +135,8 @@ def agent(node: RealNode, plane: ControlPlane, folder: Path) -> Iterator[None]:
         [str(Path(sys.executable).with_name("unthrottle")), "agent",
          "--node-name", node.name, "--kubeconfig", str(plane.kubeconfig),
          "--kubepods-parent", node.cgroup_parent, "--listen", f"127.0.0.1:{free_port()}",
-         "--burst", "--burst-node-threshold", "1", "--discover-every", "1s"],
+         "--burst", "--burst-namespace", "*", "--burst-node-threshold", "1",
+         "--discover-every", "1s"],
         stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
