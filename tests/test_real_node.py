@@ -177,3 +177,15 @@ def test_a_quota_below_the_burst_is_refused_by_the_runtime_and_reported(
                    if c["type"] == "PodResizeInProgress")  # fmt: skip
     assert "cfs_quota_us" in message or "invalid argument" in message, message
     assert container.read_bandwidth().quota_us == 50_000  # the old quota stays
+
+
+def test_a_second_node_is_refused_and_leaves_the_running_one_alone(
+    real_node: RealNode, control_plane: Any, tmp_path: Path
+) -> None:
+    from unthrottle.devtools.kube import StartError
+
+    with pytest.raises(StartError, match="another real node runs on this machine"):
+        RealNode(control_plane, tmp_path / "second").start()
+    assert (real_node.cgroup_root / "kubepods").is_dir()
+    assert not real_node.exited()
+    assert "container_cpu_usage_seconds_total" in real_node.scrape("/metrics/cadvisor")

@@ -132,7 +132,11 @@ class RealNode:
         return self
 
     def stop(self) -> None:
-        """End everything, by PID; unmount, remove what was made (see the module's docstring)."""
+        """End everything, by PID; unmount, remove what was made (see the module's docstring).
+        A node that never got the machine's lock made nothing, and sweeps nothing: what is
+        on the host then belongs to the node that holds it."""
+        if self._lock is None:
+            return
         kubelet = [p for n, p in self._procs if n == "kubelet"]
         for proc in kubelet:
             stop(proc, timeout_s=15)
