@@ -24,7 +24,7 @@ from urllib.parse import urlencode
 import yaml
 
 from unthrottle.devtools.kube import ControlPlane
-from unthrottle.devtools.kube.admin import path_of
+from unthrottle.devtools.kube.admin import Admin, path_of
 from unthrottle.devtools.kube.admin import until as _until
 
 Obj = dict[str, Any]
@@ -184,11 +184,7 @@ class Kube:
 
     def token(self, namespace: str, service_account: str, *, seconds: int = 3600) -> str:
         """A token of a ServiceAccount (TokenRequest), as a pod would be given."""
-        reply = self.call("POST", path_of("v1/serviceaccounts", namespace, service_account,
-                                          "token"),
-                          {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                           "spec": {"expirationSeconds": seconds}})  # fmt: skip
-        return str(reply["status"]["token"])
+        return Admin(self.plane).token(namespace, service_account, seconds=seconds)
 
     def api_client(self, kubeconfig: Path | None = None) -> Any:
         """A ``kubernetes`` ApiClient for a kubeconfig (the admin's by default)."""
