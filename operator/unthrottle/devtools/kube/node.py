@@ -170,6 +170,29 @@ class RealNode:
     def pids(self) -> dict[str, int]:
         return {name: proc.pid for name, proc in self._procs if proc.poll() is None}
 
+    def restart_kubelet(self, *, static_cpu_manager: bool = False,
+                        reserved_cpu: str | None = None) -> None:  # fmt: skip
+        """Restart the kubelet alone with another CPU manager policy or reservation; the
+        pods and containerd run on, as when an admin reconfigures a node. The CPU manager's
+        state file goes (a kubelet refuses to start on one of another policy)."""
+        for name, proc in [(n, p) for n, p in self._procs if n == "kubelet"]:
+            stop(proc, timeout_s=15)
+            self._procs.remove((name, proc))
+        (self.folder / "kubelet" / "cpu_manager_state").unlink(missing_ok=True)
+        self.static_cpu_manager, self.reserved_cpu = static_cpu_manager, reserved_cpu
+        self._start_kubelet()
+        self._wait("the node Ready again", self._ready_again, log="kubelet")
+
+    def _ready_again(self) -> bool:
+        """The restarted kubelet wrote its CPU manager's state (the policy asked for) and
+        the Node is Ready."""
+        want = "static" if self.static_cpu_manager else "none"
+        try:
+            state = json.loads((self.folder / "kubelet" / "cpu_manager_state").read_text())
+        except (OSError, ValueError):
+            return False
+        return bool(state.get("policyName") == want) and self._ready()
+
     def ctr(self, *args: str) -> str:
         """Run ``ctr`` against this node's containerd, in the kubelet's namespace."""
         done = subprocess.run([str(self.binaries.path("ctr")), "--address",
