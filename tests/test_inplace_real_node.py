@@ -348,61 +348,6 @@ def test_a_deleted_policy_closes_its_records_and_new_pods_keep_the_template(
     assert admission.patch(some_pod) is None  # new pods keep the template's 500m
 
 
-def _cpu_requested_on(kube: Kube, node: str) -> int:
-    """Millicores the pods bound to ``node`` request, as its kubelet counts them."""
-    from unthrottle.cfs.settings import parse_cpu
-
-    total = 0
-    for pod in kube.call("GET", "/api/v1/pods",
-                         query={"fieldSelector": f"spec.nodeName={node}"})["items"]:  # fmt: skip
-        if pod["status"].get("phase") in ("Succeeded", "Failed"):
-            continue
-        for c in pod["spec"]["containers"]:
-            total += parse_cpu(((c.get("resources") or {}).get("requests") or {}).get("cpu", "0"))
-    return total
-
-
-def test_a_resize_the_node_has_no_room_for_is_deferred_and_given_up(
-    tmp_path: Path, control_plane: ControlPlane, real_node: RealNode, layout: Layout,
-    throttlepolicy_crd: None,
-) -> None:  # fmt: skip
-    """A Guaranteed pod's request moves with its limit; a filler takes the node's room, so
-    the real kubelet answers PodResizePending, Deferred, and InPlace gives it up: the pod
-    is resized back and its cgroup never changed."""
-    from unthrottle.cfs.settings import format_cpu, parse_cpu
-
-    resources = {"requests": {"cpu": "500m", "memory": "128Mi"},
-                 "limits": {"cpu": "500m", "memory": "128Mi"}}  # fmt: skip
-    app = replace(APP, pods=1)
-    with real_world(tmp_path, control_plane, real_node, layout, app, resources=resources) as rw:
-        (pod,) = rw.pods()
-        assert rw.pod(pod)["status"]["qosClass"] == "Guaranteed"
-        found = rw.kube.get("v1/nodes", None, real_node.name)
-        assert found is not None
-        free = parse_cpu(found["status"]["allocatable"]["cpu"]) - _cpu_requested_on(
-            rw.kube, real_node.name)  # fmt: skip
-        filler = {"apiVersion": "v1", "kind": "Pod",
-                  "metadata": {"name": "filler", "namespace": rw.stage},
-                  "spec": {"nodeName": real_node.name, "terminationGracePeriodSeconds": 0,
-                           "tolerations": [{**REAL_NODE_TAINT, "operator": "Equal"}],
-                           "containers": [{"name": "c", "image": real_node.images["pause"].name,
-                                           "imagePullPolicy": "Never",
-                                           "resources": {"requests": {
-                                               "cpu": format_cpu(free - 100)}}}]}}  # fmt: skip
-        rw.kube.create(PODS, filler)
-        rw.kube.until("the filler running", lambda: rw.pod("filler"),
-                      lambda p: p["status"].get("phase") == "Running", timeout_s=60)  # fmt: skip
-        rw.world.policy("ip", "ip", apply={"method": "InPlace"})
-        _, message = rw.reconcile_until("rolled back", lambda s, m: s == "RolledBack",
-                                        timeout_s=90)  # fmt: skip
-        assert "Deferred" in message and "in-place resize given up" in message, message
-        assert rw.kernel(pod)[0] == 50_000  # the quota never moved
-        back = rw.pod(pod)
-        assert back["spec"]["containers"][0]["resources"]["limits"]["cpu"] == "500m"
-        assert not [c for c in back["status"].get("conditions") or []
-                    if c["type"].startswith("PodResize")]  # fmt: skip
-
-
 def test_a_kubelet_with_the_static_cpu_manager_finds_the_resize_infeasible(
     tmp_path: Path, control_plane: ControlPlane, real_node: RealNode, layout: Layout,
     throttlepolicy_crd: None,
