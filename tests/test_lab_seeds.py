@@ -32,7 +32,7 @@ from conftest import KERNEL_LAYOUT, SCENARIOS
 from unthrottle.cfs import RunFigures
 from unthrottle.cfs.workload import Kind, Workload
 from unthrottle.lab import LabOptions, run_scenario
-from unthrottle.lab.agreement import agreement, cfs_latency
+from unthrottle.lab.agreement import RunAgreement, agreement, cfs_latency
 from unthrottle.lab.noise import OtherLoad
 from unthrottle.model.scenario import RunSpec, load_scenario
 
@@ -180,13 +180,41 @@ def test_the_kernel_counters_keep_their_bounds_run_by_run(lab: Lab) -> None:
     assert not misses, "\n".join(misses)
 
 
+REMEASURE_LOST_MS = 50.0
+"""What the host took from a run's tasks (steal, ``lost_ms``) above which a measurement is
+the host's as much as the kernel's. Once, on CI, the open pool at 0.6 CPU measured 27 of 48
+periods throttled in both repeats (the model: 22–24, 14 runs beside a hog 21–25) while the
+host took 146 and 205 ms from its tasks; the runs it took under 50 ms from agreed."""
+MORE_REPEATS = 2
+
+
+def disturbed(run: RunAgreement) -> bool:
+    """It disagrees, and the host took from its tasks in every measurement of it."""
+    return not run.agrees and all(c.lost_ms >= REMEASURE_LOST_MS for c in run.comparisons)
+
+
 def test_the_model_agrees_with_the_kernel_run_by_run(lab: Lab) -> None:
     """Each run against the model at the phase the lab measured, by the rules of
-    ``unthrottle.lab.agreement``; every verdict is printed with the kernel's spread."""
+    ``unthrottle.lab.agreement``; every verdict is printed with the kernel's spread.
+
+    A scenario with a run that disagrees only in measurements the host took from
+    (:data:`REMEASURE_LOST_MS`) is measured again, at most :data:`MORE_REPEATS` times; a
+    run that disagrees in a measurement the host left alone fails at once."""
+    assert KERNEL_LAYOUT is not None
     misses = []
     for path in SCENARIOS:
         scenario = load_scenario(path)
-        for run in agreement(scenario, lab[scenario.name], CORES):
+        repeats = lab[scenario.name]
+        runs = agreement(scenario, repeats, CORES)
+        for _ in range(MORE_REPEATS):
+            if not any(disturbed(run) for run in runs):
+                break
+            print(f"{scenario.name}: measured again, the host took from every measurement "
+                  "of a run that disagrees")  # fmt: skip
+            again = run_scenario(scenario, KERNEL_LAYOUT, LabOptions(isolate=True, pin=True))
+            repeats = [*repeats, again]
+            runs = agreement(scenario, repeats, CORES)
+        for run in runs:
             print(run.describe())
             if not run.agrees:
                 misses.append(run.describe())

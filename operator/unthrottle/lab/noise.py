@@ -36,10 +36,20 @@ def _machine_busy_s(stat: Path) -> float:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-def steal_ms(stat: Path = Path("/proc/stat")) -> float:
-    """Steal time the kernel has counted on all CPUs so far, ms: time a virtual CPU was
-    ready to run and the host ran something else (0 on bare metal)."""
-    fields = _all_cpus(stat)
+def _one_cpu(stat: Path, cpu: int) -> list[int]:
+    """The ``cpuN`` line of /proc/stat, in USER_HZ ticks (fields as :func:`_all_cpus`)."""
+    name = f"cpu{cpu}"
+    for line in stat.read_text().splitlines():
+        head, _, rest = line.partition(" ")
+        if head == name:
+            return [int(x) for x in rest.split()]
+    raise ValueError(f"{stat}: no line for {name}")
+
+
+def steal_ms(stat: Path = Path("/proc/stat"), cpu: int | None = None) -> float:
+    """Steal time the kernel has counted so far on all CPUs, or on ``cpu`` alone, ms: time
+    a virtual CPU was ready to run and the host ran something else (0 on bare metal)."""
+    fields = _all_cpus(stat) if cpu is None else _one_cpu(stat, cpu)
     return fields[7] * 1000 / os.sysconf("SC_CLK_TCK") if len(fields) > 7 else 0.0
 
 
