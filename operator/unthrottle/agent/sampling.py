@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from unthrottle.agent.discovery import Found, NotFound
+from unthrottle.agent.files import OUT_OF_FILES
 from unthrottle.agent.gating import UsagePass, gate_paths, plan
 from unthrottle.agent.settings import AgentSettings
 from unthrottle.cfs.settings import Bandwidth
@@ -290,6 +291,14 @@ class Sampler:
             if path not in self._warned:
                 self._warned.add(path)
                 log.error("cannot read %s: %s (the agent needs root)", path, err)
+            return None
+        except OSError as err:
+            if err.errno not in OUT_OF_FILES:
+                raise
+            if "files" not in self._warned:  # once: every cgroup after it would say the same
+                self._warned.add("files")
+                log.error("cannot open %s: %s; cgroups that cannot be opened are tried "
+                          "again at each discovery (agent/files.py)", path, err)  # fmt: skip
             return None
         try:
             start = reader.read()

@@ -23,6 +23,7 @@ from unthrottle import __version__
 from unthrottle.agent import logs as agent_logs
 from unthrottle.agent.burst import DEFAULT_NODE_THRESHOLD, BurstWriter, ProcStat
 from unthrottle.agent.discovery import Found, discover_kubepods, discover_standalone
+from unthrottle.agent.files import raise_soft_limit
 from unthrottle.agent.naming import name_cgroups
 from unthrottle.agent.podwatch import WatchedPods
 from unthrottle.agent.sampling import Sampler
@@ -441,6 +442,11 @@ def agent(
             return found
 
         where = f"of node {node!r}, named through the Kubernetes API"
+    before, now, _ = raise_soft_limit()
+    if now != before:
+        logging.getLogger("unthrottle.agent").info(
+            "open files: soft limit raised from %d to %d (the hard limit)", before, now
+        )
     sampler = Sampler(layout, discover, settings)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
