@@ -571,6 +571,12 @@ def test_with_apply_enabled_every_call_of_the_operator_is_allowed_and_apply_patc
                             lambda d: "without support for resize" in d["metadata"].get(
                                 "annotations", {}).get(RECORD, ""))  # fmt: skip
         assert '"method":"InPlace"' in resized["metadata"]["annotations"][RECORD]
+        # the refusal ends InPlace's change in one reconcile: a policy edit brings the
+        # second, which replaces the policy's report (configmaps update, a write granted)
+        run.kube.patch(POLICIES, run.stage, "ops", {"spec": {"window": "11h"}})
+        run.until("the report replaced", run.accesses,
+                  lambda asked: any(a.resource == "configmaps" and a.verb == "update"
+                                    for a in asked))  # fmt: skip
         asked, refused = _asked_and_refused(run)
         for write in sorted({a for a in asked if a.verb not in ("get", "list", "watch")}):
             there = replace(write, namespace="kube-system")

@@ -395,6 +395,20 @@ def _requested(pod: dict[str, Any]) -> int:
                for c in pod["spec"]["containers"])  # fmt: skip
 
 
+def _only_ours_on(rw: RealWorld, node: RealNode) -> list[dict[str, Any]]:
+    """The pods bound to the node, once every one of them is this test's (those of the
+    tests before go with their namespaces, seconds after those tests end)."""
+
+    def on_node() -> list[dict[str, Any]]:
+        return [p for p in rw.kube.call("GET", "/api/v1/pods", query={
+                    "fieldSelector": f"spec.nodeName={node.name}"})["items"]
+                if p["status"].get("phase") not in ("Succeeded", "Failed")]  # fmt: skip
+
+    return rw.kube.until("only this test's pods on the node", on_node,
+                         lambda ps: all(p["metadata"]["namespace"] == rw.stage for p in ps),
+                         timeout_s=120)  # fmt: skip
+
+
 def _fill_the_node(rw: RealWorld, node: RealNode, *, leave_m: int) -> None:
     """A pause pod of somebody else's that takes all the node's CPU room but ``leave_m``.
 
@@ -406,17 +420,10 @@ def _fill_the_node(rw: RealWorld, node: RealNode, *, leave_m: int) -> None:
     pod it had not yet forgotten) is made again."""
     from unthrottle.cfs.settings import format_cpu, parse_cpu
 
-    def on_node() -> list[dict[str, Any]]:
-        return [p for p in rw.kube.call("GET", "/api/v1/pods", query={
-                    "fieldSelector": f"spec.nodeName={node.name}"})["items"]
-                if p["status"].get("phase") not in ("Succeeded", "Failed")]  # fmt: skip
-
-    rw.kube.until("only this test's pods on the node", on_node,
-                  lambda ps: all(p["metadata"]["namespace"] == rw.stage for p in ps),
-                  timeout_s=120)  # fmt: skip
     found = rw.kube.get("v1/nodes", None, node.name)
     assert found is not None
-    free = parse_cpu(found["status"]["allocatable"]["cpu"]) - sum(map(_requested, on_node()))
+    ours = _only_ours_on(rw, node)
+    free = parse_cpu(found["status"]["allocatable"]["cpu"]) - sum(map(_requested, ours))
     assert free > leave_m, f"the node has {free}m free"
     for attempt in range(3):
         name = f"filler-{attempt}"
@@ -577,3 +584,31 @@ def test_a_limit_lowered_under_the_burst_waits_for_the_lower_burst_in_the_cgroup
         rw.reconcile_until("the canary resized", done)
         assert not errors, f"the kubelet failed a write: {errors[:1]}"
         rw.until_kernel(pod, quota=new_quota, burst=change.after.burst_us)
+
+
+def test_a_resize_past_the_nodes_allocatable_is_refused_by_the_server_and_given_up(
+    tmp_path: Path, control_plane: ControlPlane, real_node: RealNode, layout: Layout,
+    throttlepolicy_crd: None,
+) -> None:  # fmt: skip
+    """The node's kubelet restarted with 1400m reserved: 600m allocatable. A Guaranteed pod
+    of 500m asked to 690m is past it, and the API server refuses the resize (403) before
+    the kubelet sees it; InPlace gives up with the server's words, the quota never moved.
+    The kubelet is restarted without the reservation after."""
+    app = replace(APP, pods=1)
+    with real_world(tmp_path, control_plane, real_node, layout, app, resources=GUARANTEED) as rw:
+        (pod,) = rw.pods()
+        _only_ours_on(rw, real_node)  # a restarted kubelet admits its pods again, in 600m
+        real_node.restart_kubelet(reserved_cpu="1400m")
+        try:
+            rw.kube.until("600m allocatable", lambda: rw.kube.get("v1/nodes", None, real_node.name),
+                          lambda n: n["status"]["allocatable"]["cpu"] == "600m")  # fmt: skip
+            rw.kube.until("the pod Ready again", lambda: rw.pod(pod),
+                          lambda p: any(c["type"] == "Ready" and c["status"] == "True"
+                                        for c in p["status"].get("conditions") or []))  # fmt: skip
+            rw.world.policy("ip", "ip", apply={"method": "InPlace"})
+            _, message = rw.reconcile_until("rolled back", lambda s, m: s == "RolledBack")
+            assert "allocatable" in message and "in-place resize given up" in message, message
+            assert rw.kernel(pod)[0] == 50_000
+            assert rw.pod(pod)["spec"]["containers"][0]["resources"]["limits"]["cpu"] == "500m"
+        finally:
+            real_node.restart_kubelet()
