@@ -1,29 +1,34 @@
 """Apply in place against a rollout: how soon every pod runs under the new CPU quota, how many
 pods restart, and what the operator asks of the API server (docs/benchmarks.md §13).
 
-    .venv/bin/python bench/inplace.py [--repeats 5] [--quick] [--save bench/results/inplace.json]
+    .venv/bin/python bench/inplace.py [--repeats 3] [--quick] [--save bench/results/inplace.json]
 
-The real control plane (``unthrottle.devtools.kube``, started once, ended by PID), a fresh
-namespace per run with throttled Deployments (``tests/shop.py``) that the real Deployment
-controller rolled out onto kwok's fake nodes, a real Prometheus with their history, and the
-operator's :class:`~unthrottle.operator.reconcile.Reconciler` (``tests/test_apply.py``'s
-``World``) on a clock the script moves, talking to the API server through the recording proxy
-of ``tests/kube_faults.py``. The kubelet's part of a resize is played by
-:class:`~unthrottle.devtools.kube.kubelet.ResizingKubelet` (in both methods, so the machine
-carries the same stand-in either way).
+The real control plane and the real node (``unthrottle.devtools.kube``: kubelet, containerd,
+runc; started once, ended by PID; one real node per machine, so run it under the heavy
+lock), a fresh namespace per run with throttled Deployments (``tests/shop.py``) whose pods
+run the workload image on the real node (an idle scenario: 2 % of a core each), a real
+Prometheus with their history, and the operator's
+:class:`~unthrottle.operator.reconcile.Reconciler` (``tests/test_apply.py``'s ``World``) on a
+clock the script moves, talking to the API server through the recording proxy of
+``tests/kube_faults.py``. The real kubelet admits, actuates and reports every resize, and
+makes every new pod of a rollout.
 
 The operator's cadence is its own: after each reconcile the script waits what the reconcile
 asked (``Outcome.next_in_s``) in wall time when that is short (≤ 10 s: a resize waiting for
 its kubelet), and moves the clock instead when it is long (``verifyFor``, the policy's
-``interval``), after waiting for what runs in real time (a rollout, a resize) to finish.
+``interval``), after waiting for what runs in real time (a rollout) to finish.
 Times "equivalent" add the clock's jumps to the wall time: what a user would wait.
 
 End points of "the new quota is in the cgroup" of a pod:
 
-- **InPlace**: the stand-in kubelet calls ``actuate(pod, container, resources)`` where the
-  kubelet writes the container's cgroup; its time is taken there;
-- **Rollout**: a new pod's containers get their cgroup when the kubelet creates them, before
-  the pod runs; on kwok the first sign is the pod ``Running`` and ``Ready`` (a watch event).
+- **InPlace**: the container's ``cpu.cfs_quota_us`` (``cpu.max``) read every 10 ms by this
+  script: the first read at the new quota (the kubelet's runtime call wrote it);
+- **Rollout**: a new pod's container gets its cgroup, at the new quota, when the kubelet
+  creates it, before the pod runs; the end point is the pod ``Running`` and ``Ready`` on a
+  watch (its container started, its process running).
+
+Each pod requests 20m of CPU (the shop's 250m would not fit 20 pods and a rollout's surge
+on a 2-CPU node); its limit is the shop's 500m, raised to 690m by the change.
 """
 
 from __future__ import annotations
@@ -51,13 +56,18 @@ from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests")]
-from kube import Kube  # noqa: E402
+from kube import Kube, fresh_name  # noqa: E402
 from kube_faults import FaultProxy  # noqa: E402
-from shop import Workload, deploy, openmetrics  # noqa: E402
+from shop import Workload, deployment, openmetrics  # noqa: E402
 from test_apply import World  # noqa: E402
 from unthrottle.cfs.settings import parse_cpu  # noqa: E402
-from unthrottle.devtools.kube import ControlPlane, ensure_built  # noqa: E402
-from unthrottle.devtools.kube.kubelet import ResizingKubelet  # noqa: E402
+from unthrottle.cgroups import Cgroup, CgroupError, Layout, detect_layout  # noqa: E402
+from unthrottle.devtools.kube import (  # noqa: E402
+    REAL_NODE_TAINT,
+    ControlPlane,
+    RealNode,
+    ensure_built,
+)
 from unthrottle.devtools.prometheus import PrometheusServer  # noqa: E402
 from unthrottle.kube.patching import Record, record_of  # noqa: E402
 
@@ -116,18 +126,51 @@ class TimedProxy(FaultProxy):
         return await super()._handle(request)
 
 
-@dataclass
-class Actuations:
-    """The stand-in kubelet's cgroup writes: (time, pod, uid, container, CPU limit in m)."""
+class CgroupWatch:
+    """Each pod's container cgroup read every 10 ms from a thread: when its CFS quota first
+    changed, and to what: (time, pod, uid, container, CPU limit in m, from the quota)."""
 
-    seen: list[tuple[float, str, str, str, int | None]] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    EVERY_S = 0.01
 
-    def __call__(self, pod: dict[str, Any], container: str, new: dict[str, Any]) -> None:
-        cpu = (new.get("limits") or {}).get("cpu")
-        with self.lock:
-            self.seen.append((time.monotonic(), pod["metadata"]["name"], pod["metadata"]["uid"],
-                              container, None if cpu is None else parse_cpu(cpu)))  # fmt: skip
+    def __init__(self, layout: Layout, node: RealNode, pods: Pods) -> None:
+        self.seen: list[tuple[float, str, str, str, int | None]] = []
+        self._cgroups = {name: (p["metadata"]["uid"], _cgroup(layout, node, p))
+                         for name, p in pods.items()}  # fmt: skip
+        self._first = {name: cg.read_bandwidth().quota_us for name, (_, cg) in
+                       self._cgroups.items()}  # fmt: skip
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, name="cgroup-watch", daemon=True)
+
+    def __enter__(self) -> CgroupWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _read(self) -> None:
+        last = dict(self._first)
+        while not self._stop.wait(self.EVERY_S):
+            for name, (uid, cgroup) in self._cgroups.items():
+                try:
+                    quota = cgroup.read_bandwidth().quota_us
+                except (OSError, CgroupError):  # the pod is gone (a rollout replaced it)
+                    continue
+                if quota != last[name]:
+                    last[name] = quota
+                    period = cgroup.read_bandwidth().period_us
+                    limit = None if quota is None else quota * 1000 // period
+                    self.seen.append((time.monotonic(), name, uid, "app", limit))
+
+
+def _cgroup(layout: Layout, node: RealNode, pod: dict[str, Any]) -> Cgroup:
+    """The cgroup the kubelet made for the pod's container (cgroupfs driver)."""
+    cid = pod["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
+    qos = pod["status"]["qosClass"].lower()
+    tier = "" if qos == "guaranteed" else f"/{qos}"
+    return Cgroup(layout, f"{node.cgroup_parent}/kubepods{tier}/"
+                          f"pod{pod['metadata']['uid']}/{cid}")  # fmt: skip
 
 
 @dataclass
@@ -204,7 +247,8 @@ WRITES = ("POST", "PUT", "PATCH", "APPLY", "DELETE", "DELETECOLLECTION")
 
 def writes(plane: ControlPlane) -> collections.Counter[str]:
     """Every client's writes the API server counted so far (``apiserver_request_total``), by
-    verb and resource; node leases left out (kwok renews them every few seconds)."""
+    verb and resource; the nodes' heartbeats (leases, node status) left out: they come with
+    time (kwok's and the kubelet's, every few seconds), not with the change."""
     status, text = plane.request("GET", "/metrics")
     assert status == 200, text
     out: collections.Counter[str] = collections.Counter()
@@ -213,7 +257,7 @@ def writes(plane: ControlPlane) -> collections.Counter[str]:
             continue
         labels, value = line[len("apiserver_request_total{") :].rsplit("} ", 1)
         found = dict(re.findall(r'(\w+)="([^"]*)"', labels))
-        if found.get("verb") in WRITES and found.get("resource") != "leases":
+        if found.get("verb") in WRITES and found.get("resource") not in ("leases", "nodes"):
             sub = f"/{found['subresource']}" if found.get("subresource") else ""
             out[f"{found['verb']} {found.get('resource')}{sub}"] += int(float(value))
     return out
@@ -265,8 +309,8 @@ class Drive:
     """Reconciles the policy at the operator's own cadence until every Deployment has a
     verdict; long waits move the clock (after what runs in real time has finished)."""
 
-    def __init__(self, world: World, kubelet: ResizingKubelet, names: list[str]) -> None:
-        self.world, self.kubelet, self.names = world, kubelet, names
+    def __init__(self, world: World, names: list[str]) -> None:
+        self.world, self.names = world, names
         self.start = time.monotonic()
         self.skipped = 0.0
         self.skips: list[tuple[float, float]] = []  # (wall time, seconds the clock jumped)
@@ -309,8 +353,7 @@ class Drive:
 
     def settle(self, records: dict[str, Record | None]) -> None:
         """Before the clock jumps: rollouts done (and their new pods given history, which the
-        verdict reads), resizes sent acted on."""
-        self.kubelet.sync()
+        verdict reads)."""
         news = []
         for name, r in records.items():
             if r is None or r.method != "Rollout" or r.verdict or name in self.histories:
@@ -349,18 +392,61 @@ def workloads(s: Scenario) -> list[Workload]:
             for i in range(s.deployments)]  # fmt: skip
 
 
+IDLE = """name: idle
+workload: {kind: serial, task_cpu_ms: 2, workers: 1, tasks: 20, think_ms: 98}
+runs: [{}]
+"""
+"""What the pods run: 2 % of a core each, so that the node stays quiet."""
+
+
+def on_node(w: Workload, node: RealNode) -> dict[str, Any]:
+    """The shop's Deployment of ``w`` as pods of the workload image on the real node."""
+    obj = deployment(w)
+    spec = obj["spec"]["template"]["spec"]
+    spec.update(nodeSelector={"kubernetes.io/hostname": node.name},
+                tolerations=[{**REAL_NODE_TAINT, "operator": "Equal"}],
+                terminationGracePeriodSeconds=1, automountServiceAccountToken=False,
+                enableServiceLinks=False,
+                volumes=[{"name": "scenario", "configMap": {"name": "idle"}}])  # fmt: skip
+    (c,) = spec["containers"]
+    c.update(image=node.images["workload"].name, imagePullPolicy="Never",
+             args=["lab", "workload", "/scenario/scenario.yaml"],
+             volumeMounts=[{"name": "scenario", "mountPath": "/scenario"}])  # fmt: skip
+    c["resources"]["requests"]["cpu"] = "20m"
+    return obj
+
+
+def deploy(kube: Kube, node: RealNode, workloads: list[Workload]) -> list[Workload]:
+    """``shop.deploy`` onto the real node: a fresh namespace, its scenario ConfigMap, the
+    Deployments rolled out (their pods Ready), each with its ReplicaSet's hash."""
+    namespace = fresh_name("bench")
+    kube.create_namespace(namespace)
+    kube.create("v1/configmaps", {"apiVersion": "v1", "kind": "ConfigMap",
+                                  "metadata": {"name": "idle", "namespace": namespace},
+                                  "data": {"scenario.yaml": IDLE}})  # fmt: skip
+    placed = [replace(w, namespace=namespace) for w in workloads]
+    for w in placed:
+        kube.create("apps/v1/deployments", on_node(w, node))
+    out = []
+    for w in placed:
+        rs = kube.replicaset_of(kube.rolled_out(w.namespace, w.name, timeout_s=300))
+        out.append(replace(w, template_hash=rs["metadata"]["labels"]["pod-template-hash"]))
+    return out
+
+
 def serving(kube: Kube, namespace: str) -> Pods:
-    """The namespace's pods by name, once the stand-in kubelet reports each one's resources
-    (a resize is refused before: 'Pod running on node without support for resize')."""
+    """The namespace's pods by name, once the kubelet reports each one's resources and
+    container (its cgroup is then there to read)."""
 
     def listed() -> list[dict[str, Any]]:
         return kube.list("v1/pods", namespace)
 
     def reported(pods: list[dict[str, Any]]) -> bool:
-        return all(s.get("resources") for p in pods
+        return all(s.get("resources") and s.get("containerID") for p in pods
                    for s in p["status"].get("containerStatuses") or [{}])  # fmt: skip
 
-    return {p["metadata"]["name"]: p for p in kube.until("pods reported", listed, reported)}
+    return {p["metadata"]["name"]: p for p in kube.until("pods reported", listed, reported,
+                                                         timeout_s=120)}  # fmt: skip
 
 
 def gone(kube: Kube, namespace: str) -> None:
@@ -385,29 +471,33 @@ def history(placed: list[Workload], pods: Pods, method: str) -> str:
     return out
 
 
-def run_once(plane: ControlPlane, kube: Kube, s: Scenario, folder: Path) -> dict[str, Any]:
+def run_once(plane: ControlPlane, node: RealNode, layout: Layout, kube: Kube, s: Scenario,
+             folder: Path) -> dict[str, Any]:  # fmt: skip
     before_load = machine()
-    placed = deploy(kube, workloads(s))
+    placed = deploy(kube, node, workloads(s))
     namespace = placed[0].namespace
-    actuations = Actuations()
     try:
-        with (ResizingKubelet(plane, actuate=actuations) as kubelet, TimedProxy(kube) as proxy,
+        pods = serving(kube, namespace)
+        with (CgroupWatch(layout, node, pods) as actuations, TimedProxy(kube) as proxy,
               PodWatch(plane, namespace) as watch):  # fmt: skip
-            pods = serving(kube, namespace)
             prom = PrometheusServer(folder, openmetrics=history(placed, pods, s.method))
             world = World(kube, proxy, prom.__enter__(), folder, placed, namespace)
             try:
                 world.policy("bench", "bench", apply={
                     "method": s.method, "maxConcurrent": s.max_concurrent,
                     "verifyFor": VERIFY_FOR})  # fmt: skip
-                drive = Drive(world, kubelet, [w.name for w in placed])
+                drive = Drive(world, [w.name for w in placed])
                 written = writes(plane)
                 records = drive.run()
                 written = writes(plane) - written
             finally:  # the one running now (history added restarts it), and the first
                 world.prom.__exit__(None, None, None)
                 prom.__exit__(None, None, None)
-            after = {p["metadata"]["name"]: p for p in kube.list("v1/pods", namespace)}
+            after = {
+                p["metadata"]["name"]: p
+                for p in kube.list("v1/pods", namespace)
+                if not p["metadata"].get("deletionTimestamp")
+            }  # old pods on their way out
             result = measure(s, drive, records, pods, after, proxy, watch, actuations)
             result["control_plane_writes"] = {"total": sum(written.values()),
                                               "by_kind": dict(sorted(written.items()))}  # fmt: skip
@@ -463,7 +553,7 @@ def restarted(before: Pods, after: Pods) -> dict[str, int]:
 
 def measure(s: Scenario, drive: Drive, records: dict[str, Record | None], before: Pods,
             after: Pods, proxy: TimedProxy, watch: PodWatch,
-            actuations: Actuations) -> dict[str, Any]:  # fmt: skip
+            actuations: CgroupWatch) -> dict[str, Any]:  # fmt: skip
     per: dict[str, dict[str, Any]] = {}
     for name, record in records.items():
         assert record is not None
@@ -502,7 +592,7 @@ def _common(drive: Drive, sent: float) -> dict[str, Any]:
 
 
 def inplace_times(drive: Drive, name: str, record: Record, before: Pods,
-                  proxy: TimedProxy, actuations: Actuations) -> dict[str, Any]:  # fmt: skip
+                  proxy: TimedProxy, actuations: CgroupWatch) -> dict[str, Any]:  # fmt: skip
     mine = {n for n, p in before.items() if p["metadata"]["labels"]["app"] == name}
     resizes = [(t, p.split("/")[-2]) for t, m, p in proxy.times
                if m == "PATCH" and p.endswith("/resize") and p.split("/")[-2] in mine]  # fmt: skip
@@ -598,7 +688,7 @@ def code_state() -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="one run of each scenario")
     parser.add_argument("--only", help="run only the scenarios whose key contains this")
     parser.add_argument("--save", type=Path, default=RESULTS)
@@ -607,15 +697,17 @@ def main() -> None:
     chosen = [s for s in SCENARIOS if not args.only or args.only in s.key]
     started, runs = time.monotonic(), []
     at_start, code = machine(), code_state()  # the code imported now is the code measured
+    layout = detect_layout()
     with (tempfile.TemporaryDirectory(prefix="unthrottle-inplace-") as top,
-          ControlPlane(Path(top) / "control-plane", binaries=ensure_built()) as plane):  # fmt: skip
+          ControlPlane(Path(top) / "control-plane", binaries=ensure_built()) as plane,
+          RealNode(plane, Path(top) / "node") as node):  # fmt: skip
         plane.install_crds(ROOT / "crds" / "throttlepolicy.yaml")
         kube = Kube(plane)
         for rep in range(repeats):  # every scenario once per round: drifting load hits all
             for s in chosen:
                 with tempfile.TemporaryDirectory(dir=top) as folder:
                     try:
-                        result = run_once(plane, kube, s, Path(folder))
+                        result = run_once(plane, node, layout, kube, s, Path(folder))
                     except Exception as error:  # one bad run is a figure, not the end
                         traceback.print_exc()
                         result = {"scenario": s.key, "error": f"{type(error).__name__}: "

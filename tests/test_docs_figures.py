@@ -276,7 +276,7 @@ QUOTES: list[Quote] = [
     ("README.md", "{} fewer than one query per workload", fewer_queries),
     ("docs/benchmarks.md", "| fewer queries | **{}** |", fewer_queries),
     # Apply in place (§13): the prose beside the tables
-    ("docs/benchmarks.md", "the stand-in acted {} (medians) after the resize was sent",
+    ("docs/benchmarks.md", "the kubelet wrote the canary's quota {} (medians) after the resize was",
      lambda: inplace_span("InPlace", "canary_after_sent_s", 2, " s")),
     ("docs/benchmarks.md", "the change request leaves {}, medians",
      lambda: inplace_span("", "sent_s", 2, " s after it starts")),
@@ -290,7 +290,7 @@ QUOTES: list[Quote] = [
      lambda: inplace_span("Rollout", "control_plane_writes", 0)),
     ("docs/benchmarks.md", "than resizing in place ({})",
      lambda: inplace_span("InPlace", "control_plane_writes", 0)),
-    ("docs/benchmarks.md", "was up during {} of the 35 runs", lambda: sum(
+    ("docs/benchmarks.md", "was up during {} of the 21 runs", lambda: sum(
         r["machine"]["kube_apiservers"] > 1 for r in results("inplace.json")["runs"])),
     ("docs/benchmarks.md", "the whole machine was busy {} of 2", lambda: span(
         [r["machine"]["busy_cores"] for r in results("inplace.json")["runs"]], 1, " cores")),

@@ -77,6 +77,15 @@ def _state(status: dict[str, Any], name: str) -> tuple[str, str]:
     return w["state"], w["message"] or ""
 
 
+def pod_cgroup(layout: Layout, node: RealNode, pod: dict[str, Any]) -> Cgroup:
+    """The cgroup the kubelet made for the pod's (first) container."""
+    cid = pod["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
+    qos = pod["status"]["qosClass"].lower()
+    tier = "" if qos == "guaranteed" else f"/{qos}"
+    return Cgroup(layout, f"{node.cgroup_parent}/kubepods{tier}/"
+                          f"pod{pod['metadata']['uid']}/{cid}")  # fmt: skip
+
+
 class RealWorld:
     """A :class:`test_apply.World` over one Deployment whose pods run on the real node."""
 
@@ -95,12 +104,7 @@ class RealWorld:
         return found
 
     def cgroup(self, name: str) -> Cgroup:
-        pod = self.pod(name)
-        cid = pod["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
-        qos = pod["status"]["qosClass"].lower()
-        tier = "" if qos == "guaranteed" else f"/{qos}"
-        return Cgroup(self.layout, f"{self.node.cgroup_parent}/kubepods{tier}/"
-                                   f"pod{pod['metadata']['uid']}/{cid}")  # fmt: skip
+        return pod_cgroup(self.layout, self.node, self.pod(name))
 
     def kernel(self, name: str) -> tuple[int | None, int]:
         """(quota, burst) in the container's cgroup, µs."""
@@ -119,6 +123,10 @@ class RealWorld:
 
     def reconcile(self) -> tuple[str, str]:
         return _state(self.world.reconcile("ip"), APP.name)
+
+    def resizes(self) -> list[str]:
+        """The pods the operator sent a resize, one entry per resize (the recording proxy)."""
+        return [r.path.split("/")[-2] for r in self.world.proxy.requests("PATCH", "/resize$")]
 
     def reconcile_until(self, what: str, done: Any, *, timeout_s: float = 60) -> tuple[str, str]:
         """Reconcile every second until ``done(state, message)`` (the kubelet's part takes
@@ -362,10 +370,245 @@ def test_a_kubelet_with_the_static_cpu_manager_finds_the_resize_infeasible(
         (pod,) = rw.pods()
         real_node.restart_kubelet(static_cpu_manager=True)
         try:
+            # a restarted kubelet reports its pods afresh: Ready again before the change (a
+            # resized pod seen unready would be rolled back for that, not for Infeasible)
+            rw.kube.until("the pod Ready again", lambda: rw.pod(pod),
+                          lambda p: any(c["type"] == "Ready" and c["status"] == "True"
+                                        for c in p["status"].get("conditions") or []))  # fmt: skip
             rw.world.policy("ip", "ip", apply={"method": "InPlace"})
             _, message = rw.reconcile_until("rolled back", lambda s, m: s == "RolledBack",
                                             timeout_s=90)  # fmt: skip
             assert "Infeasible" in message and "CPU Manager" in message, message
             assert rw.kernel(pod)[0] == 50_000
+        finally:
+            real_node.restart_kubelet()
+
+
+# -- the node's room ------------------------------------------------------------------------
+
+
+def _requested(pod: dict[str, Any]) -> int:
+    """Millicores of CPU the pod requests, as the kubelet counts them (its containers')."""
+    from unthrottle.cfs.settings import parse_cpu
+
+    return sum(parse_cpu(((c.get("resources") or {}).get("requests") or {}).get("cpu", "0"))
+               for c in pod["spec"]["containers"])  # fmt: skip
+
+
+def _only_ours_on(rw: RealWorld, node: RealNode) -> list[dict[str, Any]]:
+    """The pods bound to the node, once every one of them is this test's (those of the
+    tests before go with their namespaces, seconds after those tests end)."""
+
+    def on_node() -> list[dict[str, Any]]:
+        return [p for p in rw.kube.call("GET", "/api/v1/pods", query={
+                    "fieldSelector": f"spec.nodeName={node.name}"})["items"]
+                if p["status"].get("phase") not in ("Succeeded", "Failed")]  # fmt: skip
+
+    return rw.kube.until("only this test's pods on the node", on_node,
+                         lambda ps: all(p["metadata"]["namespace"] == rw.stage for p in ps),
+                         timeout_s=120)  # fmt: skip
+
+
+def _fill_the_node(rw: RealWorld, node: RealNode, *, leave_m: int) -> None:
+    """A pause pod of somebody else's that takes all the node's CPU room but ``leave_m``.
+
+    Deterministic: it waits until every pod bound to the node is this test's (the pods of
+    the tests before are deleted with their namespaces, a few seconds later: sized while
+    one of them still counted, the filler would leave its room free once it went, and the
+    kubelet would take the resize), then sizes the filler from the node's allocatable
+    minus what this test's pods request. A filler the kubelet still refuses (OutOfcpu: a
+    pod it had not yet forgotten) is made again."""
+    from unthrottle.cfs.settings import format_cpu, parse_cpu
+
+    found = rw.kube.get("v1/nodes", None, node.name)
+    assert found is not None
+    ours = _only_ours_on(rw, node)
+    free = parse_cpu(found["status"]["allocatable"]["cpu"]) - sum(map(_requested, ours))
+    assert free > leave_m, f"the node has {free}m free"
+    for attempt in range(3):
+        name = f"filler-{attempt}"
+        rw.kube.create(PODS, {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": rw.stage},
+            "spec": {"nodeName": node.name, "terminationGracePeriodSeconds": 0,
+                     "tolerations": [{**REAL_NODE_TAINT, "operator": "Equal"}],
+                     "containers": [{"name": "c", "image": node.images["pause"].name,
+                                     "imagePullPolicy": "Never", "resources": {"requests": {
+                                         "cpu": format_cpu(free - leave_m)}}}]}})  # fmt: skip
+        pod = rw.kube.until(
+            f"{name} admitted by the kubelet",
+            lambda n=name: rw.pod(n),
+            lambda p: p["status"].get("phase") in ("Running", "Failed"),
+        )
+        if pod["status"]["phase"] == "Running":
+            return
+        rw.kube.delete(PODS, rw.stage, name)
+        time.sleep(2)
+    raise AssertionError(f"the kubelet refused the filler: {pod['status']}")
+
+
+GUARANTEED = {"requests": {"cpu": "500m", "memory": "128Mi"},
+              "limits": {"cpu": "500m", "memory": "128Mi"}}  # fmt: skip
+
+
+@pytest.mark.parametrize("method", ["InPlace", "InPlaceOrRollout"])
+def test_a_resize_the_node_has_no_room_for_is_deferred_then_given_up_or_rolled_out(
+    tmp_path: Path, control_plane: ControlPlane, real_node: RealNode, layout: Layout,
+    throttlepolicy_crd: None, method: str,
+) -> None:  # fmt: skip
+    """A Guaranteed pod's request moves with its limit (500m → 690m, 190m more); a filler
+    leaves the node 100m. The real kubelet answers PodResizePending, Deferred. InPlace
+    resizes the pod back (so that its kubelet stops waiting) and says the kubelet's words;
+    once there is room and the policy changes, the resize goes through and the pod stays
+    Guaranteed. InPlaceOrRollout makes the change a rollout instead."""
+    app = replace(APP, pods=1)
+    with real_world(tmp_path, control_plane, real_node, layout, app, resources=GUARANTEED) as rw:
+        (pod,) = rw.pods()
+        assert rw.pod(pod)["status"]["qosClass"] == "Guaranteed"
+        _fill_the_node(rw, real_node, leave_m=100)
+        rw.world.policy("ip", "ip", apply={"method": method})
+        if method == "InPlaceOrRollout":
+            state, message = rw.reconcile_until("a rollout instead",
+                                                lambda s, m: "(a rollout: " in m)  # fmt: skip
+            assert state == "Verifying" and "Deferred" in message, message
+            deployment = rw.world.deployment(APP.name)
+            record = _record(deployment)
+            assert record.method == "Rollout"
+            (c,) = deployment["spec"]["template"]["spec"]["containers"]
+            assert c["resources"]["limits"]["cpu"] == "690m", c["resources"]
+            return
+        _, message = rw.reconcile_until("rolled back", lambda s, m: s == "RolledBack",
+                                        timeout_s=90)  # fmt: skip
+        assert "Deferred" in message and "in-place resize given up" in message, message
+        assert rw.kernel(pod)[0] == 50_000  # the quota never moved
+        back = rw.pod(pod)
+        assert back["spec"]["containers"][0]["resources"]["limits"]["cpu"] == "500m"
+        assert not [c for c in back["status"].get("conditions") or []
+                    if c["type"].startswith("PodResize")]  # fmt: skip
+        # room again, and a new policy generation lifts the hold: the resize goes through
+        for filler in [p["metadata"]["name"] for p in rw.kube.list(PODS, rw.stage)
+                       if p["metadata"]["name"].startswith("filler")]:  # fmt: skip
+            rw.kube.delete(PODS, rw.stage, filler)
+        rw.kube.patch("unthrottle.io/v1alpha1/throttlepolicies", rw.stage, "ip",
+                      {"spec": {"apply": {"cooldown": "31m"}}})  # fmt: skip
+        rw.reconcile_until("the canary resized", lambda s, m: "verifying its throttling" in m)
+        resized = rw.pod(pod)
+        (spec,) = resized["spec"]["containers"]
+        (status,) = resized["status"]["containerStatuses"]
+        assert spec["resources"]["requests"]["cpu"] == "690m" == spec["resources"]["limits"]["cpu"]
+        assert status["resources"]["requests"]["cpu"] == "690m"
+        assert resized["status"]["qosClass"] == "Guaranteed" and status["restartCount"] == 0
+        rw.until_kernel(pod, quota=69_000)
+
+
+def test_a_pod_created_while_the_webhook_was_down_is_resized_after_the_verdict(
+    rw: RealWorld,
+) -> None:
+    """The change passed its canary and every pod was resized: Applied. A pod the
+    ReplicaSet then creates without the webhook (the operator down: here none serves it)
+    runs at the template's 500m; the next reconcile resizes it in place and says so, and
+    the status says Applied without a word of it once it is done."""
+    rw.world.policy("ip", "ip", apply={"method": "InPlace", "maxConcurrent": 2})
+    rw.reconcile()
+    canary = _record(rw.world.deployment(APP.name)).canary or ""
+    rw.reconcile_until("the canary resized", lambda s, m: "verifying its throttling" in m)
+    rw.world.clock.now = T0 + 60
+    rw.history(canary, T0 + 60, limit=0.69)
+    rw.world.clock.now = T0 + 60 + VERIFY_S + 60
+    rw.reconcile_until("every pod resized", lambda s, m: s == "Applied")
+    before = set(rw.pods())
+    rw.kube.patch("apps/v1/deployments", rw.stage, APP.name, {"spec": {"replicas": 3}})
+    rw.kube.rolled_out(rw.stage, APP.name, timeout_s=120)
+    (new,) = set(rw.pods()) - before
+    assert rw.kernel(new)[0] == 50_000  # the template's limit: no webhook gave it 690m
+    state, message = rw.reconcile()
+    assert state == "Applied" and "created without the applied settings" in message, message
+    assert f"pod {new}" in message, message
+    state, message = rw.reconcile_until(
+        "the status without the stray", lambda s, m: "created without" not in m)  # fmt: skip
+    assert state == "Applied", message
+    rw.until_kernel(new, quota=69_000, burst=54_000)  # the kubelet's quota, the agent's burst
+    assert rw.resizes().count(new) == 1
+    assert rw.pod(new)["status"]["containerStatuses"][0]["restartCount"] == 0
+    assert _record(rw.world.deployment(APP.name)).verdict == "Applied"
+    assert any(e["reason"] == "StrayResized" for e in rw.world.events(APP.name))
+
+
+def _burst_gauge(rw: RealWorld, pod: str, seconds: float, start: int, end: int) -> None:
+    """The node agent's reading of the pod's burst from ``start`` to ``end`` (wall clock),
+    into Prometheus as a scrape of it would have put it (the agent runs; this Prometheus
+    serves written history and scrapes nothing)."""
+    labels = f'namespace="{rw.stage}",pod="{pod}",container="app"'
+    rw.world.add_history("".join(f"unthrottle_cpu_cfs_burst_seconds{{{labels}}} {seconds} {t}\n"
+                                 for t in range(start, end + 1, 5)))  # fmt: skip
+
+
+def test_a_limit_lowered_under_the_burst_waits_for_the_lower_burst_in_the_cgroup(
+    tmp_path: Path, control_plane: ControlPlane, real_node: RealNode, layout: Layout,
+    throttlepolicy_crd: None,
+) -> None:  # fmt: skip
+    """The pod runs under 1 CPU with a 90 ms burst (written by the real agent from the
+    template's annotation); the change lowers the limit's quota under 90 ms. The interim
+    burst goes on the pod first, the resize waits until the agent reports it, and the
+    kubelet's quota write then succeeds (no Error): the kernel never saw quota < burst."""
+    app = replace(CALM, annotations={})
+    with real_world(tmp_path, control_plane, real_node, layout, app) as rw:
+        rw.kube.patch("apps/v1/deployments", rw.stage, APP.name, {"spec": {"template": {
+            "metadata": {"annotations": {"unthrottle.io/cpu-burst": "app=90ms"}}}}})  # fmt: skip
+        rw.kube.rolled_out(rw.stage, APP.name, timeout_s=120)
+        (pod,) = rw.pods()
+        rw.until_kernel(pod, quota=100_000, burst=90_000)  # the agent wrote it
+        now = int(time.time())
+        _burst_gauge(rw, pod, 0.09, now - 300, now)
+        rw.world.policy("ip", "ip", apply={"method": "InPlace"})
+        _, message = rw.reconcile()
+        (change,) = _record(rw.world.deployment(APP.name)).containers
+        new_quota = (change.after.cpu_limit or 0) * 100
+        assert new_quota < 90_000 <= change.before.burst_us, change
+        assert "burst lowered first" in message, message
+        rw.until_kernel(pod, burst=change.after.burst_us)  # the agent wrote the interim burst
+        _, message = rw.reconcile()
+        assert "waiting for the node agent" in message, message  # Prometheus still says 90 ms
+        assert rw.kernel(pod)[0] == 100_000 and rw.resizes() == []
+        later = int(time.time()) + 1
+        time.sleep(1.1)
+        _burst_gauge(rw, pod, change.after.burst_us / 1e6, later, later)
+        errors: list[str] = []
+
+        def done(state: str, message: str) -> bool:
+            conditions = rw.pod(pod)["status"].get("conditions") or []
+            errors.extend(c.get("message", "") for c in conditions
+                          if c["type"] == "PodResizeInProgress"
+                          and c.get("reason") == "Error")  # fmt: skip
+            return "verifying its throttling" in message
+
+        rw.reconcile_until("the canary resized", done)
+        assert not errors, f"the kubelet failed a write: {errors[:1]}"
+        rw.until_kernel(pod, quota=new_quota, burst=change.after.burst_us)
+
+
+def test_a_resize_past_the_nodes_allocatable_is_refused_by_the_server_and_given_up(
+    tmp_path: Path, control_plane: ControlPlane, real_node: RealNode, layout: Layout,
+    throttlepolicy_crd: None,
+) -> None:  # fmt: skip
+    """The node's kubelet restarted with 1400m reserved: 600m allocatable. A Guaranteed pod
+    of 500m asked to 690m is past it, and the API server refuses the resize (403) before
+    the kubelet sees it; InPlace gives up with the server's words, the quota never moved.
+    The kubelet is restarted without the reservation after."""
+    app = replace(APP, pods=1)
+    with real_world(tmp_path, control_plane, real_node, layout, app, resources=GUARANTEED) as rw:
+        (pod,) = rw.pods()
+        _only_ours_on(rw, real_node)  # a restarted kubelet admits its pods again, in 600m
+        real_node.restart_kubelet(reserved_cpu="1400m")
+        try:
+            rw.kube.until("600m allocatable", lambda: rw.kube.get("v1/nodes", None, real_node.name),
+                          lambda n: n["status"]["allocatable"]["cpu"] == "600m")  # fmt: skip
+            rw.kube.until("the pod Ready again", lambda: rw.pod(pod),
+                          lambda p: any(c["type"] == "Ready" and c["status"] == "True"
+                                        for c in p["status"].get("conditions") or []))  # fmt: skip
+            rw.world.policy("ip", "ip", apply={"method": "InPlace"})
+            _, message = rw.reconcile_until("rolled back", lambda s, m: s == "RolledBack")
+            assert "allocatable" in message and "in-place resize given up" in message, message
+            assert rw.kernel(pod)[0] == 50_000
+            assert rw.pod(pod)["spec"]["containers"][0]["resources"]["limits"]["cpu"] == "500m"
         finally:
             real_node.restart_kubelet()

@@ -185,7 +185,19 @@ def resize_state(pod: Pod, want: dict[str, Resources]) -> ResizeState:
     reported = {s.get("name"): s.get("resources") for s in status.get("containerStatuses") or []}
     if all(_matches(reported.get(name), res) for name, res in want.items()):
         return ResizeState("done")
+    if not any(reported.get(name) for name in want) and not _was_resized(pod):
+        # A node whose kubelet reports no resources (one without in-place resize: the API
+        # server refuses a resize of its pods; a virtual kubelet, kwok) never will: a pod
+        # its spec never left is where it was asked to be. Waiting would never end.
+        return ResizeState("done")
     return ResizeState("resizing", "the kubelet has not reported the new resources yet")
+
+
+def _was_resized(pod: Pod) -> bool:
+    """The pod's spec was changed since its creation (its ``generation`` moved past 1): a
+    resize went through the API server."""
+    generation = (pod.get("metadata") or {}).get("generation")
+    return generation is not None and int(generation) > 1
 
 
 def restarted_by_policy(pod: Pod, record: Record) -> list[str]:

@@ -206,6 +206,12 @@ class Applier:
                     outcome = self._verify(body, spec, selection, info.raw, record, w, now)
                 out[w.deployment] = outcome
                 in_flight += outcome[0] == State.VERIFYING
+            elif (record is not None and record.policy == policy and record.in_place
+                  and record.verdict == "Applied" and self.inplace is not None):  # fmt: skip
+                # pods the webhook missed (created while it was down) are resized first
+                stray = self.inplace.strays(info.raw, record, self._summary(record), now)
+                if stray is not None:
+                    out[w.deployment] = stray
         for w in result.workloads:  # most harmful first
             if w.deployment in out or w.deployment in skipped:
                 continue

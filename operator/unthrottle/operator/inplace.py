@@ -24,12 +24,16 @@ a resized pod not Ready        ``undo``: the resize hurt it (the canary is not r
 a resize in progress or Error  given up (``undo``) after ``resize_timeout_s``: the kubelet
 past its deadline              retries an Error for ever
 every pod resized              the verdict ``Applied``
+``Applied``, a pod of the      resized in place like the others (:meth:`InPlace.strays`),
+ReplicaSet not at the settings and the status says so while it is not done
 Deferred / Infeasible / refused InPlace: ``undo`` with the kubelet's (or server's) words;
                                InPlaceOrRollout: a rollout instead
 =============================  ===========================================================
 
 Pods the ReplicaSet creates meanwhile get the applied settings from the admission webhook
-once the canary passed (:func:`unthrottle.kube.inplace.admission_patch`).
+once the canary passed (:func:`unthrottle.kube.inplace.admission_patch`). The webhook never
+blocks a pod (``failurePolicy: Ignore``): one created while the operator was down keeps the
+template's settings, and is resized at the next reconcile after the verdict.
 """
 
 from __future__ import annotations
@@ -383,6 +387,38 @@ class InPlace:
             return State.VERIFYING, "the record changed meanwhile: re-read next cycle"
         self.event(raw, "Normal", "Verified", f"kept: {done.verdict_reason}")
         return State.APPLIED, f"applied in place: {done.verdict_reason}"
+
+    def strays(self, raw: dict[str, Any], record: Record, summary: str,
+               now: float) -> Outcome | None:  # fmt: skip
+        """An ``Applied`` record whose ReplicaSet has running pods without the applied
+        settings: the webhook was not reached when they were created (the operator down,
+        or slower than the API server waits). Each is resized in place, as the rest were
+        (the change passed its canary); the status says so until they are done, or why one
+        cannot be. None when every pod has the settings (or the ReplicaSet is not current:
+        a newer one's pods are the team's)."""
+        current, pods = self.pods.current(raw)
+        if current != record.replicaset:
+            return None
+        waiting: list[str] = []
+        for pod in sorted((p for p in pods if running(p)), key=lambda p: p["metadata"]["name"]):
+            name = pod["metadata"]["name"]
+            try:  # a pod at the settings costs nothing here (its burst set if it was not)
+                step = self.drive(pod, record, undo=False, now=now)
+            except (InPlaceError, GiveUp) as error:
+                waiting.append(f"pod {name} keeps the template's settings: {error}")
+                continue
+            if step.sent:
+                self.event(raw, "Normal", "StrayResized", f"pod {name} was created without the "
+                           "applied settings (the admission webhook was not reached): resized "
+                           "in place")  # fmt: skip
+            if not step.done:
+                waiting.append(step.message)
+        if not waiting:
+            return None
+        self._soon(STEP_POLL_S)
+        return State.APPLIED, (f"applied: {summary}; pods created without the applied settings "
+                               f"(the admission webhook was not reached): "
+                               f"{'; '.join(waiting)}")  # fmt: skip
 
     def _undo(self, raw: dict[str, Any], record: Record, alive: dict[str, dict[str, Any]],
               now: float) -> Outcome:  # fmt: skip

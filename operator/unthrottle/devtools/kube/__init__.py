@@ -15,7 +15,6 @@ from unthrottle.devtools.kube.build import (
     ensure_node_built,
 )
 from unthrottle.devtools.kube.cluster import ControlPlane, KubectlError, StartError, fake_node
-from unthrottle.devtools.kube.kubelet import ResizingKubelet as ResizingKubelet
 from unthrottle.devtools.kube.node import RealNode
 from unthrottle.devtools.kube.workloads import REAL_NODE_TAINT, scenario_objects
 
