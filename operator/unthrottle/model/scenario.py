@@ -233,6 +233,7 @@ _OWN_FIELDS = set(WorkloadSpec.model_fields) | set(RunSpec.model_fields)
 """Our validators' messages start with the field's name (``cpus: …``)."""
 _PLAIN = {
     "float_type": "is not a number",
+    "bool_type": "is not true or false",
     "int_type": "is not a whole number",
     "int_from_float": "is not a whole number",
     "string_type": "is not text",
