@@ -1,19 +1,16 @@
-"""The container's counters and its threads' wait under a pod-level quota, against the same
-container with no pod quota (docs/model.md, "The pod level"; README "Limits").
+"""One container under a pod-level quota equal to its own, against the same container with
+no pod quota (README "Requirements and limits", "Pod-level quota is not seen").
 
-    sudo flock /tmp/unthrottle-heavy.lock .venv/bin/python bench/pod_quota.py --repeats 4 \\
-        --save bench/results/pod-quota.json
+    sudo .venv/bin/python bench/pod_quota.py --repeats 3 --save bench/results/pod-quota.json
 
-The demo's batch (``scenarios/tune-batch-parallel.yaml``: two parallel 60 ms tasks per
-round, back to back) at 1 CPU, ``--rounds`` rounds, run by the lab as ``lab tune`` runs
-today's settings (sampled every period of the container's calibrated grid, workers
-pinned, the machine's other processes at idle priority), once in a plain cgroup and once
-with ``pod_quota: true`` (a pod cgroup whose quota is the same 1 CPU, no burst, as a
-kubelet makes a one-container pod). Saved per run: the container's throttled time, the
-pod's, their sum, the threads' wait (schedstat run delay), where the run started on the
-container's grid and on the pod's, and what the engine recommends (Auto, target 0.05,
-as ``lab tune`` asks) from the samples with the pod's throttled time counted
-(``cfs.pod.stalled_us``) and without it.
+The demo's batch (``scenarios/tune-batch-parallel.yaml`` with 80 tasks, as ``make demo``
+runs it: two parallel 60 ms tasks per round) at 1 CPU, in a container cgroup made as a
+kubelet makes one (cgroupfs driver): below a pod cgroup that has, or has not, a quota of
+its own, the sum of its containers' limits (here the one container's, 1 CPU). Each run is
+isolated (the machine's other processes in the root cgroup at idle priority while it
+measures). Saved per run: the container's throttled time and throttle ratio, which is
+what the agent and cAdvisor export for it, and the pod cgroup's throttled time, which
+they do not count in the container's demand.
 """
 
 from __future__ import annotations
@@ -21,91 +18,68 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from unthrottle.cgroups import detect_layout
-from unthrottle.lab import LabOptions
+from unthrottle.cfs import Bandwidth
+from unthrottle.cgroups import Cgroup, Layout, detect_layout
+from unthrottle.lab import LabOptions, run_run
 from unthrottle.lab.noise import OtherLoad
-from unthrottle.lab.runner import run_sampled
-from unthrottle.lab.sampling import PeriodSamples
-from unthrottle.lab.tune import current_of, evidence_of
-from unthrottle.model.scenario import RunSpec, load_scenario
-from unthrottle.recommend import Policy, recommend
+from unthrottle.model.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 BATCH = ROOT / "scenarios" / "tune-batch-parallel.yaml"
+TASKS = 80  # as demo/loop.py's apps() runs the batch
+ONE_CPU = Bandwidth(100_000, 100_000)
 
 
-def recommended(samples: PeriodSamples, ratio: float, spec: RunSpec) -> int | None:
-    """The engine's limit from a run's samples, as ``lab tune`` asks for it."""
-    policy = Policy(target_ratio=0.05, min_millicores=10, max_millicores=64_000,
-                    max_step_up=100.0, max_step_down=0.01)  # fmt: skip
-    return recommend(evidence_of(samples, ratio), current_of(spec), policy).limit_millicores
-
-
-def one_run(rounds: int, *, pod_quota: bool) -> dict[str, Any]:
-    """The batch once, sampled, with or without the pod quota."""
+def one_run(layout: Layout, *, pod_quota: bool) -> dict[str, Any]:
+    """The batch once, in a fresh pod cgroup (with or without its quota) and container."""
     scenario = load_scenario(BATCH)
-    workload = scenario.workload.model_copy(update={"tasks": rounds}).to_workload()
-    spec = RunSpec(cpus=1, pod_quota=pod_quota)
-    options = LabOptions(isolate=True, pin=True)
-    figures, samples = run_sampled(workload, spec, detect_layout(), options)
-    pod = figures.extra.get("pod") or {}
-    # The evidence without the pod's throttled time, and the counters alone (no wait, as
-    # cAdvisor's series give them): with and without the pod's throttled time counted.
-    own_only = PeriodSamples(samples.usage_us, samples.throttled_us, samples.period_us,
-                             samples.wait_us, samples.threads)  # fmt: skip
-    counters = PeriodSamples(samples.usage_us, samples.throttled_us, samples.period_us,
-                             pod_throttled_us=samples.pod_throttled_us)  # fmt: skip
-    counters_own = PeriodSamples(samples.usage_us, samples.throttled_us, samples.period_us)
-    pod_s = (samples.pod_throttled_us.sum() if samples.pod_throttled_us is not None else 0) / 1e6
-    stalled = samples.stalled_us
-    wait = samples.wait_us if samples.wait_us is not None else np.zeros_like(stalled)
-    ratio = figures.stat.throttle_ratio
+    workload = scenario.workload.model_copy(update={"tasks": TASKS}).to_workload()
+    pod = Cgroup(layout, f"unthrottle-bench-{os.getpid()}-pod")
+    container = Cgroup(layout, f"{pod.path}/container")
+    pod.create()
+    try:
+        if pod_quota:
+            pod.write_bandwidth(ONE_CPU)
+        container.create()
+        try:
+            container.write_bandwidth(ONE_CPU)
+            before = pod.read_stat()
+            options = LabOptions(cgroup_name=container.path, existing_cgroup=True, isolate=True)
+            figures = run_run(workload, None, layout, options)
+            pod_stat = pod.read_stat() - before
+        finally:
+            container.remove()
+    finally:
+        pod.remove()
     return {
         "pod_quota": pod_quota,
-        "container_throttled_s": round(figures.stat.throttled_us / 1e6, 3),
-        "container_throttle_ratio": round(ratio, 3),
-        "pod_throttled_s": round(pod.get("throttled_ms", 0.0) / 1000, 3),
-        "pod_throttle_ratio": pod.get("throttle_ratio", 0.0),
-        "sum_throttled_s": round(
-            figures.stat.throttled_us / 1e6 + pod.get("throttled_ms", 0.0) / 1000, 3
-        ),
-        "wait_s": round(figures.stat.wait_us / 1e6, 3),
-        "sampled_pod_throttled_s": round(float(pod_s), 3),
-        "windows_wait_below_sum": int(np.count_nonzero(wait < 0.9 * stalled)),
-        "windows": int(stalled.size),
-        "period_phase_ms": figures.extra.get("period_phase_ms"),
-        "pod_period_phase_ms": figures.extra.get("pod_period_phase_ms"),
-        "recommended_millicores": recommended(samples, ratio, spec),
-        "recommended_without_pod_millicores": recommended(own_only, ratio, spec),
-        "counters_recommended_millicores": recommended(counters, ratio, spec),
-        "counters_recommended_without_pod_millicores": recommended(counters_own, ratio, spec),
-        "wall_s": round(figures.wall_ms / 1000, 3),
+        "container_throttled_s": round(figures.stat.throttled_us / 1e6, 2),
+        "container_throttle_ratio": round(figures.stat.throttle_ratio, 2),
+        "pod_throttled_s": round(pod_stat.throttled_us / 1e6, 2),
+        "wall_s": round(figures.wall_ms / 1000, 2),
     }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--save", type=Path)
     args = parser.parse_args()
+    layout = detect_layout()
     with OtherLoad() as noise:
-        runs = []
-        for _ in range(args.repeats):
-            for quota in (False, True):
-                runs.append(one_run(args.rounds, pod_quota=quota))
-                print(json.dumps(runs[-1]), flush=True)
+        runs = [one_run(layout, pod_quota=quota)
+                for _ in range(args.repeats) for quota in (False, True)]  # fmt: skip
+    for run in runs:
+        print(json.dumps(run))
     print(f"other load: {noise.cores:.2f} cores")
     if args.save:
         saved = {"measured": datetime.date.today().isoformat(),
-                 "command": "sudo flock /tmp/unthrottle-heavy.lock .venv/bin/python "
-                            f"bench/pod_quota.py --repeats {args.repeats} --rounds {args.rounds} "
+                 "command": f"sudo .venv/bin/python bench/pod_quota.py --repeats {args.repeats} "
                             "--save bench/results/pod-quota.json",
                  "other_load_cores": round(noise.cores, 2), "runs": runs}  # fmt: skip
         args.save.write_text(json.dumps(saved, indent=1) + "\n")

@@ -30,6 +30,13 @@ class TestTheContainersStall:
     def test_without_a_pod_quota_the_containers_own_is_the_stall(self) -> None:
         assert stalled_us(800, None) == 800
 
+    def test_the_threads_wait_caps_the_sum_and_never_the_containers_own(self) -> None:
+        """Both cgroups book a stall when their quotas run out together; the threads' wait
+        counts it once."""
+        assert stalled_us(800, 400, 1000) == 1000
+        assert stalled_us(800, 100, 2000) == 900
+        assert stalled_us(800, 100, 500) == 800
+
     def test_windows_add_up_one_by_one(self) -> None:
         own = np.array([0, 50_000, 10_000], dtype=np.int64)
         pod = np.array([20_000, 0, 5_000], dtype=np.int64)

@@ -33,9 +33,9 @@ class TestTheLabsEvidenceUnderAPodQuota:
         assert self.samples(None).demand_us.tolist() == [160_000, 100_000, 40_000]
         assert self.samples([20_000, 50_000, 0]).demand_us.tolist() == [180_000, 150_000, 40_000]
 
-    def test_a_wait_above_both_stalls_is_taken_and_not_added(self) -> None:
+    def test_a_wait_above_both_stalls_is_taken_and_a_sum_above_the_wait_is_capped(self) -> None:
         samples = self.samples([20_000, 50_000, 0], wait=[90_000, 40_000, 0])
-        assert samples.demand_us.tolist() == [190_000, 150_000, 40_000]
+        assert samples.demand_us.tolist() == [190_000, 140_000, 40_000]
         assert samples.contention_us.tolist() == [10_000, 0, 0]
 
 

@@ -59,17 +59,19 @@ def test_the_pods_counters_are_measured_beside_the_containers(
         assert 0 <= pod["nr_throttled"] <= pod["nr_periods"]
 
 
-def test_the_pods_stall_and_the_containers_add_up_to_what_the_threads_waited(
+def test_the_pods_stall_is_what_the_containers_counters_miss(
     measured: list[list[RunFigures]],
 ) -> None:
-    """The container's throttled time and its pod's together are never more than the
-    threads' run delay (both stall them; cfs.pod.stalled_us adds them), and come near the
-    throttled time of the same container alone (bench/results/pod-quota.json: the sum
-    0.81–1.25× of the runs alone, the wait 1.01–1.05× the sum)."""
-    for _, alone, in_pod in measured:
+    """The pod's throttled time is booked in the pod's counters, not the container's; the
+    two together are about what the threads waited: no more than 1.25× (both cgroups book
+    a stall when their quotas run out together: up to 1.16× in bench/results/pod-stall.json),
+    and the wait caps the sum in the evidence (cfs.pod.stalled_us)."""
+    pods = [in_pod.extra["pod"]["throttled_ms"] for _, _, in_pod in measured]
+    assert max(pods) > 0, "the pod's quota never ran out first"
+    for _, _, in_pod in measured:
         stalled = in_pod.stat.throttled_us + in_pod.extra["pod"]["throttled_ms"] * 1000
-        assert stalled <= 1.02 * in_pod.stat.wait_us
-        assert 0.7 * alone.stat.throttled_us <= stalled <= 1.4 * alone.stat.throttled_us
+        assert stalled <= 1.25 * in_pod.stat.wait_us
+        assert in_pod.stat.throttled_us <= 1.02 * in_pod.stat.wait_us
 
 
 def test_the_model_agrees_with_every_run_of_the_pod_scenario(

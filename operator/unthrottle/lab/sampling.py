@@ -64,9 +64,9 @@ class PeriodSamples:
 
     @property
     def stalled_us(self) -> npt.NDArray[np.int64]:
-        """Per-period stall the quotas made, the container's and its pod's
-        (:func:`unthrottle.cfs.pod.stalled_us`)."""
-        return stalled_us(self.throttled_us, self.pod_throttled_us)
+        """Per-period stall the quotas made, the container's and its pod's, no more than
+        the threads waited (:func:`unthrottle.cfs.pod.stalled_us`)."""
+        return stalled_us(self.throttled_us, self.pod_throttled_us, self.wait_us)
 
     @property
     def demand_us(self) -> npt.NDArray[np.int64]:
