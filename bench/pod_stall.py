@@ -1,5 +1,7 @@
-"""The stall under a pod-level quota: the container's counters, its pod's and its threads' wait, against the same
-container with no pod quota (docs/model.md, "The pod level"; README "Limits").
+"""The stall under a pod-level quota: the container's counters, its pod's, its threads' wait.
+
+Against the same container with no pod quota (docs/model.md, "The pod level"; README
+"Limits").
 
     sudo flock /tmp/unthrottle-heavy.lock .venv/bin/python bench/pod_stall.py --repeats 4 \\
         --save bench/results/pod-stall.json
@@ -12,8 +14,9 @@ with ``pod_quota: true`` (a pod cgroup whose quota is the same 1 CPU, no burst, 
 kubelet makes a one-container pod). Saved per run: the container's throttled time, the
 pod's, their sum, the threads' wait (schedstat run delay), where the run started on the
 container's grid and on the pod's, and what the engine recommends (Auto, target 0.05,
-as ``lab tune`` asks) from the samples with the pod's throttled time counted
-(``cfs.pod.stalled_us``) and without it.
+as ``lab tune`` asks) from the samples: with the wait read and the pod's throttled time
+added to the container's (the sum, uncapped), with the wait and without the pod's, and
+from the counters alone (no wait, as cAdvisor's series are) with and without the pod's.
 """
 
 from __future__ import annotations
@@ -55,8 +58,14 @@ def one_run(rounds: int, *, pod_quota: bool) -> dict[str, Any]:
     options = LabOptions(isolate=True, pin=True)
     figures, samples = run_sampled(workload, spec, detect_layout(), options)
     pod = figures.extra.get("pod") or {}
-    # The evidence without the pod's throttled time, and the counters alone (no wait, as
-    # cAdvisor's series give them): with and without the pod's throttled time counted.
+    # The evidence with the pod's throttled time added to the container's (the sum, not
+    # capped by the wait), without it, and the counters alone (no wait, as cAdvisor's series
+    # give them): with and without the pod's throttled time counted.
+    pod_added = samples.throttled_us + (
+        samples.pod_throttled_us if samples.pod_throttled_us is not None else 0
+    )
+    summed = PeriodSamples(samples.usage_us, pod_added, samples.period_us, samples.wait_us,
+                           samples.threads)  # fmt: skip
     own_only = PeriodSamples(samples.usage_us, samples.throttled_us, samples.period_us,
                              samples.wait_us, samples.threads)  # fmt: skip
     counters = PeriodSamples(samples.usage_us, samples.throttled_us, samples.period_us,
@@ -81,7 +90,7 @@ def one_run(rounds: int, *, pod_quota: bool) -> dict[str, Any]:
         "windows": int(stalled.size),
         "period_phase_ms": figures.extra.get("period_phase_ms"),
         "pod_period_phase_ms": figures.extra.get("pod_period_phase_ms"),
-        "recommended_millicores": recommended(samples, ratio, spec),
+        "recommended_millicores": recommended(summed, ratio, spec),
         "recommended_without_pod_millicores": recommended(own_only, ratio, spec),
         "counters_recommended_millicores": recommended(counters, ratio, spec),
         "counters_recommended_without_pod_millicores": recommended(counters_own, ratio, spec),
