@@ -48,7 +48,7 @@ QUOTES: list[tuple[str, str, Callable[[], object]]] = [
         "counters_recommended_without_pod_millicores")),
     ("docs/benchmarks.md", "alone, {}m from the same counters",
      lambda: span([a["counters_recommended_millicores"] for a, _ in pairs()], 0)),
-    ("docs/benchmarks.md", "with the wait read, as `lab tune` reads it, {}m in the pod",
+    ("docs/benchmarks.md", "the wait read, as `lab tune` reads it, {}m in the pod",
      lambda: pod_runs("recommended_millicores")),
     ("docs/benchmarks.md", "against {}m alone",
      lambda: span([a["recommended_millicores"] for a, _ in pairs()], 0)),
