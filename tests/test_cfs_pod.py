@@ -11,6 +11,7 @@ from unthrottle.cfs import (
     Machine,
     Workload,
     pod_series_bandwidth,
+    simulate_pod_series,
     simulate_series,
     simulate_tasks,
     stalled_us,
@@ -131,3 +132,36 @@ class TestTheSeriesModelUnderAPodQuota:
     def test_a_pod_on_another_period_is_refused_at_this_level(self) -> None:
         with pytest.raises(ValueError, match="pod"):
             pod_series_bandwidth(ONE_CPU, Bandwidth(50_000, 50_000))
+
+
+class TestSeveralContainersOfAPod:
+    RNG = np.random.default_rng(1)
+    BUSY = RNG.integers(0, 150_000, 500)
+    SIDECAR = RNG.integers(0, 60_000, 500)
+
+    def test_one_container_under_a_pod_with_room_is_the_series_alone(self) -> None:
+        result = simulate_pod_series([self.BUSY], [ONE_CPU], Bandwidth(10_000_000))
+        assert result.containers[0] == simulate_series(self.BUSY, ONE_CPU)
+
+    def test_a_pod_quota_that_is_the_sum_of_the_limits_never_binds_without_bursts(self) -> None:
+        limits = [ONE_CPU, Bandwidth(50_000)]
+        result = simulate_pod_series([self.BUSY, self.SIDECAR], limits, Bandwidth(150_000))
+        assert result.pod_nr_throttled == 0
+        assert [c.nr_throttled for c in result.containers] == [
+            simulate_series(self.BUSY, ONE_CPU).nr_throttled,
+            simulate_series(self.SIDECAR, Bandwidth(50_000)).nr_throttled,
+        ]
+
+    def test_a_pod_quota_below_the_sum_throttles_both_as_one(self) -> None:
+        """Each container may use the whole pod quota; the pod then binds as one cgroup
+        holding both would, and both containers count the periods it was short."""
+        each = Bandwidth(150_000)
+        result = simulate_pod_series([self.BUSY, self.SIDECAR], [each, each], each)
+        together = simulate_series(self.BUSY + self.SIDECAR, each)
+        assert result.pod_nr_throttled == together.nr_throttled
+        assert result.worst_ratio >= together.throttle_ratio - 0.01
+        assert sum(c.used_us for c in result.containers) == together.used_us
+
+    def test_containers_and_their_series_must_match(self) -> None:
+        with pytest.raises(ValueError, match="one series per container"):
+            simulate_pod_series([self.BUSY], [ONE_CPU, ONE_CPU], ONE_CPU)

@@ -9,7 +9,9 @@ out first, the containers' threads stall, and the containers' own counters do no
   from the container's throttled time and its pod's (the rule the lab's evidence uses and
   the agent's window logic can call);
 - :func:`pod_series_bandwidth`: the one bandwidth that stands for a container and a pod
-  quota over it at the series level (one container, aligned grids).
+  quota over it at the series level (one container, aligned grids);
+- :func:`unthrottle.cfs.pod_series.simulate_pod_series`: several containers' series under
+  their quotas and their pod's.
 """
 
 from __future__ import annotations
