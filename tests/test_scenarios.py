@@ -254,3 +254,31 @@ def test_a_huge_file_is_refused_without_reading_it_all(tmp_path: Path) -> None:
 def test_an_endless_stream_is_refused_too() -> None:
     with pytest.raises(ScenarioError, match="bigger than"):
         load_scenario(Path("/dev/zero"))
+
+
+class TestAPodQuota:
+    def test_a_pod_quota_is_the_runs_limit_on_its_period_with_no_burst(self) -> None:
+        loaded = parse_scenario(scenario(runs=[{"cpus": 0.5, "period_ms": 50, "burst_ms": 5,
+                                                "pod_quota": True}]))  # fmt: skip
+        run = loaded.runs[0]
+        assert run.bandwidth() == Bandwidth(25_000, 50_000, 5_000)
+        assert run.pod_bandwidth() == Bandwidth(25_000, 50_000)
+        assert run.label() == "0.5 CPU, 50 ms period, 5 ms burst, pod quota"
+        assert run.as_given()["pod_quota"] is True
+
+    def test_a_run_without_it_has_no_pod(self) -> None:
+        assert parse_scenario(scenario(runs=[{"cpus": 1}])).runs[0].pod_bandwidth() is None
+
+    @pytest.mark.parametrize(
+        ("run", "says"),
+        [
+            ({"pod_quota": True}, "runs[0].pod_quota: a pod quota is the run's limit; give cpus"),
+            ({"cpus": 1, "pod_quota": "yes"}, 'runs[0].pod_quota: "yes" is not true or false'),
+            ({"cpus": 1, "pod_quota": 1}, "runs[0].pod_quota: 1 is not true or false"),
+        ],
+        ids=["without-a-limit", "text", "number"],
+    )
+    def test_a_bad_pod_quota_is_refused_naming_the_field(self, run: Any, says: str) -> None:
+        with pytest.raises(ScenarioError) as info:
+            parse_scenario(scenario(runs=[run]), "bad.yaml")
+        assert says in str(info.value), str(info.value)

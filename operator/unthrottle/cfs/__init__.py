@@ -2,11 +2,15 @@
 
 - :mod:`.settings`: quota / period / burst as validated integers; quantities at the edge;
 - :mod:`.series`: a per-period demand series under a quota (vectorised);
-- :mod:`.tasks`: a task workload on N cores, with ticks, phase and burst;
+- :mod:`.tasks`: a task workload on N cores, with ticks, phase and burst, and a pod quota;
+- :mod:`.pod`: the pod level: a container's stall under its pod's quota, the pair at the
+  series level; :mod:`.pod_series`: several containers of a pod at the series level;
 - :mod:`.figures`: the figures of a run, shared with the lab.
 """
 
 from unthrottle.cfs.figures import CpuStatDelta, Latency, RunFigures, nearest_rank
+from unthrottle.cfs.pod import pod_figures, pod_series_bandwidth, stalled_us
+from unthrottle.cfs.pod_series import PodSeriesResult, simulate_pod_series
 from unthrottle.cfs.series import SeriesResult, SeriesTrace, simulate_series, trace_series
 from unthrottle.cfs.settings import (
     DEFAULT_PERIOD_US,
@@ -33,6 +37,7 @@ __all__ = [
     "Kind",
     "Latency",
     "Machine",
+    "PodSeriesResult",
     "RunFigures",
     "SeriesResult",
     "SeriesTrace",
@@ -40,7 +45,11 @@ __all__ = [
     "format_cpu",
     "nearest_rank",
     "parse_cpu",
+    "pod_figures",
+    "pod_series_bandwidth",
+    "simulate_pod_series",
     "simulate_series",
     "simulate_tasks",
+    "stalled_us",
     "trace_series",
 ]

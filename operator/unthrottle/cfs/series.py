@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from unthrottle.cfs.pod import pod_series_bandwidth
 from unthrottle.cfs.settings import Bandwidth
 
 IntArray = npt.NDArray[np.int64]
@@ -93,9 +94,13 @@ def as_demand(demand_us: Sequence[int] | IntArray) -> IntArray:
     return arr
 
 
-def trace_series(demand_us: Sequence[int] | IntArray, bandwidth: Bandwidth) -> SeriesTrace:
-    """Simulate period by period and return the per-period trace."""
+def trace_series(
+    demand_us: Sequence[int] | IntArray, bandwidth: Bandwidth, *, pod: Bandwidth | None = None
+) -> SeriesTrace:
+    """Simulate period by period and return the per-period trace (``pod``: a pod quota
+    over the container, :func:`unthrottle.cfs.pod.pod_series_bandwidth`)."""
     demand = as_demand(demand_us)
+    bandwidth = pod_series_bandwidth(bandwidth, pod)
     if bandwidth.quota_us is None:
         zeros = np.zeros_like(demand)
         return SeriesTrace(demand, demand.copy(), zeros, np.zeros(demand.shape, dtype=np.bool_))
@@ -117,8 +122,18 @@ def trace_series(demand_us: Sequence[int] | IntArray, bandwidth: Bandwidth) -> S
     return SeriesTrace(demand, used, deferred, x < 0)
 
 
-def simulate_series(demand_us: Sequence[int] | IntArray, bandwidth: Bandwidth) -> SeriesResult:
-    """Simulate a demand series under ``bandwidth`` and sum it up like ``cpu.stat``."""
+def simulate_series(
+    demand_us: Sequence[int] | IntArray, bandwidth: Bandwidth, *, pod: Bandwidth | None = None
+) -> SeriesResult:
+    """Simulate a demand series under ``bandwidth`` and sum it up like ``cpu.stat``.
+
+    ``pod``: the pod cgroup's quota over this one container (a kubelet's: the container's
+    limit, no burst); what the two leave the container is one bandwidth at this level
+    (:func:`unthrottle.cfs.pod.pod_series_bandwidth`), so a recommendation sized with it
+    meets the target under the pod's quota too, and one sized without it does not count on
+    a burst the pod's quota takes away. The counters are the container's and its pod's
+    together, as the lab's evidence counts them (:func:`unthrottle.cfs.pod.stalled_us`)."""
+    bandwidth = pod_series_bandwidth(bandwidth, pod)
     trace = trace_series(demand_us, bandwidth)
     # Active periods: new demand, or work carried in from the period before.
     active = trace.demand_us > 0

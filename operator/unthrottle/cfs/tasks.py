@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from unthrottle.cfs.figures import CpuStatDelta, Latency, RunFigures
+from unthrottle.cfs.pod import pod_figures
 from unthrottle.cfs.settings import Bandwidth
 from unthrottle.cfs.workload import Kind, Workload
 
@@ -75,6 +76,8 @@ class Machine:
     """The kernel's tick rate; the quota is enforced at ticks."""
     period_phase_us: int = 0
     """Time from the last period boundary to the workload's start, in [0, period)."""
+    pod_phase_us: int = 0
+    """Time from the last boundary of the pod cgroup's own grid to the start (a pod quota)."""
     tick_phase_us: int = 0
     """Time from the last tick to the workload's start, in [0, 1/HZ)."""
     wakeup_us: int = 0
@@ -94,7 +97,7 @@ class Machine:
             raise ValueError("cores: at least one core is needed")
         if not 1 <= self.hz <= 10_000:
             raise ValueError(f"hz: {self.hz} is not a kernel tick rate")
-        if self.period_phase_us < 0 or self.tick_phase_us < 0:
+        if min(self.period_phase_us, self.tick_phase_us, self.pod_phase_us) < 0:
             raise ValueError("phase: cannot be negative")
         if self.other_threads < 0:
             raise ValueError("other_threads: cannot be negative")
@@ -124,6 +127,29 @@ class _Worker:
 class _Cpu:
     local: float = 0.0  # runtime drawn from the quota and not yet spent (< 0: a debt)
     throttled: bool = False
+    pod_local: float = 0.0  # the same, of the pod's quota (its cfs_rq on this CPU)
+    pod_throttled: bool = False
+
+    @property
+    def stopped(self) -> bool:
+        """Throttled by the container's quota or the pod's."""
+        return self.throttled or self.pod_throttled
+
+
+@dataclass(slots=True)
+class _Pod:
+    """The pod cgroup's bucket and grid (a pod quota): as the container's, its own."""
+
+    quota: float
+    burst: float
+    period: float
+    next_boundary: float
+    pool: float = 0.0
+    timer_active: bool = False
+    used_since_boundary: float = 0.0
+    nr_periods: int = 0
+    nr_throttled: int = 0
+    throttled_us: float = 0.0
 
 
 @dataclass(slots=True)
@@ -245,8 +271,14 @@ def simulate_tasks(
     machine: Machine,
     *,
     limit: dict[str, float] | None = None,
+    pod: Bandwidth | None = None,
 ) -> RunFigures:
     """Predict one run: latency percentiles, wall time and ``cpu.stat`` figures.
+
+    ``pod``: the pod cgroup's bandwidth above the container's (a pod quota), on a grid of
+    its own that ``machine.pod_phase_us`` places; a CPU runs the workers only while it
+    holds runtime of both quotas, each drawn and refilled as the container's is. The pod's
+    counters come in ``extra["pod"]`` (:func:`unthrottle.cfs.pod.pod_figures`).
 
     Each worker stands for its CPU's run queue. It runs on runtime its CPU drew
     from the pool in slices; when that is spent and the pool cannot give more,
@@ -273,6 +305,15 @@ def simulate_tasks(
     timer_active = False
     used_since_boundary = 0.0
 
+    box = None
+    if pod is not None and pod.quota_us is not None:
+        pod_period = float(pod.period_us)
+        pod_phase = machine.pod_phase_us % pod.period_us
+        box = _Pod(float(pod.quota_us), float(pod.burst_us), pod_period,
+                   pod_period - pod_phase if pod_phase else pod_period,
+                   float(pod.quota_us + pod.burst_us))  # fmt: skip
+    bounded = limited or box is not None
+
     cpus = [_Cpu() for _ in range(min(machine.cores, workload.workers))]
     # Other busy threads, pinned to the CPUs in turn; the workers run on the least busy.
     per_core = [machine.other_threads // machine.cores + (i < machine.other_threads % machine.cores)
@@ -295,11 +336,29 @@ def simulate_tasks(
         pool -= take
         return cpu.local > _EPS
 
+    def draw_pod(cpu: _Cpu) -> bool:
+        """The same from the pod's pool, for the pod's run queue on that CPU."""
+        assert box is not None
+        if cpu.pod_local > _EPS:
+            return True
+        take = min(slice_us - cpu.pod_local, max(box.pool, 0.0))
+        cpu.pod_local += take
+        box.pool -= take
+        return cpu.pod_local > _EPS
+
+    def spend_check(cpu: _Cpu) -> None:
+        """Throttle a CPU whose runtime is spent: the container's first, then the pod's (a
+        CPU the container's quota stopped runs nothing the pod is charged for)."""
+        if limited and not cpu.throttled and not draw(cpu):
+            cpu.throttled = True
+        if box is not None and not cpu.stopped and not draw_pod(cpu):
+            cpu.pod_throttled = True
+
     def wanting(worker: _Worker, now: float) -> bool:
         return worker.busy and worker.ready_at <= now + _EPS
 
     def runnable(worker: _Worker, now: float) -> bool:
-        return wanting(worker, now) and worker.placed and not cpus[worker.cpu].throttled
+        return wanting(worker, now) and worker.placed and not cpus[worker.cpu].stopped
 
     def queued(index: int, now: float) -> int:
         return sum(1 for w in workers if w.cpu == index and w.placed and wanting(w, now))
@@ -317,8 +376,10 @@ def simulate_tasks(
             worker.placed = True
             if limited:
                 timer_active = True
-                if not cpus[worker.cpu].throttled and not draw(cpus[worker.cpu]):
-                    cpus[worker.cpu].throttled = True
+            if box is not None:
+                box.timer_active = True
+            if bounded:
+                spend_check(cpus[worker.cpu])
 
     wake_check(t)
     while not dispatch.all_done:
@@ -340,17 +401,23 @@ def simulate_tasks(
             candidates.append(t + min(w.remaining / speed[id(w)] for w in running))
         if limited and (timer_active or any(c.throttled for c in cpus)):
             candidates.append(clock.next_boundary)
-        if limited and n:
+        if box is not None and (box.timer_active or any(c.pod_throttled for c in cpus)):
+            candidates.append(box.next_boundary)
+        if bounded and n:
             if at_ticks:
                 candidates.append(clock.next_tick)
             else:
                 candidates += [
-                    t + c.local / r for c, r in zip(cpus, cpu_rate, strict=True)
-                    if r > 0 and c.local > _EPS
+                    t + local / r for c, r in zip(cpus, cpu_rate, strict=True)
+                    for local in ((c.local,) if limited else ()) + (
+                        (c.pod_local,) if box is not None else ())
+                    if r > 0 and local > _EPS
                 ]  # fmt: skip
         nxt = min(candidates)
         if limited and 0 < clock.next_boundary - nxt < _SNAP:
             nxt = clock.next_boundary  # the same instant, up to float error: refill first
+        if box is not None and 0 < box.next_boundary - nxt < _SNAP:
+            nxt = box.next_boundary
         if nxt == math.inf:  # pragma: no cover - a stuck simulation is a bug
             raise RuntimeError("simulation stalled with work left")
         dt = max(0.0, nxt - t)
@@ -361,14 +428,18 @@ def simulate_tasks(
                 stats.wait_us += (1.0 - speed.get(id(worker), 0.0)) * dt
         for worker in running:
             worker.remaining -= dt * speed[id(worker)]
-        if limited:
-            for cpu, r in zip(cpus, cpu_rate, strict=True):
-                cpu.local -= r * dt
+        for cpu, r in zip(cpus, cpu_rate, strict=True):
+            cpu.local -= r * dt if limited else 0.0
+            cpu.pod_local -= r * dt if box is not None else 0.0
         used = sum(cpu_rate) * dt
         stats.usage_us += used
         used_since_boundary += used
         stalled = {w.cpu for w in workers if wanting(w, t) and cpus[w.cpu].throttled}
         stats.throttled_us += len(stalled) * dt
+        if box is not None:
+            box.used_since_boundary += used
+            stalled = {w.cpu for w in workers if wanting(w, t) and cpus[w.cpu].pod_throttled}
+            box.throttled_us += len(stalled) * dt
         t = nxt
 
         # Tasks that finished. A CPU whose run queue empties (no worker on it goes straight on
@@ -384,6 +455,9 @@ def simulate_tasks(
             if limited and not goes_on and cpus[index].local > keep_us:
                 pool += cpus[index].local - keep_us
                 cpus[index].local = keep_us
+            if box is not None and not goes_on and cpus[index].pod_local > keep_us:
+                box.pool += cpus[index].pod_local - keep_us
+                cpus[index].pod_local = keep_us
         # Period boundary: count, refill, pay debts and unthrottle, maybe stop the timer. A
         # refill that falls on a tick comes first, so a quota covering every CPU never throttles.
         while limited and clock.next_boundary <= t + _EPS:
@@ -408,14 +482,16 @@ def simulate_tasks(
                     timer_active = False
             used_since_boundary = 0.0
             clock.next_boundary += clock.period
+        while box is not None and box.next_boundary <= t + _EPS:
+            _refill_pod(box, cpus)
         # Spent runtime stops a CPU's workers: at once, or at the next tick.
         at_tick = clock.next_tick <= t + _EPS
         while clock.next_tick <= t + _EPS:
             clock.next_tick += clock.tick
-        if limited and (at_tick or not at_ticks):
+        if bounded and (at_tick or not at_ticks):
             for index, cpu in enumerate(cpus):
-                if any(w.cpu == index and runnable(w, t) for w in workers) and not draw(cpu):
-                    cpu.throttled = True
+                if any(w.cpu == index and runnable(w, t) for w in workers):
+                    spend_check(cpu)
         # Arrivals and wake-ups.
         dispatch.arrive(t)
         wake_check(t)
@@ -434,5 +510,36 @@ def simulate_tasks(
         latency=Latency.of([v / 1000 for v in stats.latencies_us]),
         wall_ms=end / 1000,
         stat=figures_stat,
-        extra={"period_phase_ms": phase / 1000, "hz": machine.hz},
+        extra={
+            "period_phase_ms": phase / 1000,
+            "hz": machine.hz,
+            **(
+                {}
+                if box is None
+                else {
+                    "pod": pod_figures(box.nr_periods, box.nr_throttled, round(box.throttled_us)),
+                    "pod_period_phase_ms": machine.pod_phase_us % box.period / 1000,
+                }
+            ),
+        },
     )
+
+
+def _refill_pod(box: _Pod, cpus: list[_Cpu]) -> None:
+    """The pod's period boundary: count, refill, pay debts and unthrottle, maybe stop the
+    timer (as the container's, on the pod's own grid)."""
+    if box.timer_active:
+        throttled_now = any(c.pod_throttled for c in cpus)
+        box.nr_periods += 1
+        box.nr_throttled += int(throttled_now)
+        box.pool = min(box.pool + box.quota, box.quota + box.burst)
+        for cpu in cpus:
+            debt = max(0.0, -cpu.pod_local)
+            if cpu.pod_throttled and box.pool > debt:
+                box.pool -= debt
+                cpu.pod_local = 0.0
+                cpu.pod_throttled = False
+        if box.used_since_boundary <= _EPS and not throttled_now:
+            box.timer_active = False
+    box.used_since_boundary = 0.0
+    box.next_boundary += box.period

@@ -307,6 +307,7 @@ def simulate(
                 run.bandwidth(),
                 dataclasses.replace(machine, other_threads=run.other_threads),
                 limit=run.as_given(),
+                pod=run.pod_bandwidth(),
             )
             for run in scenario.runs
         ]

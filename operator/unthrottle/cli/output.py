@@ -39,8 +39,16 @@ def figures_table(title: str, rows: Sequence[tuple[Scenario, Sequence[RunFigures
         table.add_column(header, justify="right")
     for header in ("periods", "throttled", "ratio", "throttled ms", "bursts", "burst ms"):
         table.add_column(header, justify="right")
+    pods = any("pod" in fig.extra for _, runs in rows for fig in runs)
+    if pods:  # the pod cgroup's own counters, beside the container's (``pod_quota``)
+        for header in ("pod periods", "pod throttled", "pod ratio", "pod throttled ms"):
+            table.add_column(header, justify="right")
     for scenario, runs in rows:
         for index, (spec, fig) in enumerate(zip(scenario.runs, runs, strict=True)):
+            pod = fig.extra.get("pod")
+            pod_cells = [] if not pods else ["", "", "", ""] if not pod else [
+                str(pod["nr_periods"]), str(pod["nr_throttled"]),
+                f"{pod['throttle_ratio']:.2f}", f"{pod['throttled_ms']:.0f}"]  # fmt: skip
             table.add_row(
                 cell(scenario.name if index == 0 else ""),
                 cell(spec.label()),
@@ -55,6 +63,7 @@ def figures_table(title: str, rows: Sequence[tuple[Scenario, Sequence[RunFigures
                 f"{fig.stat.throttled_us / 1000:.0f}",
                 str(fig.stat.nr_bursts),
                 f"{fig.stat.burst_us / 1000:.0f}",
+                *pod_cells,
             )
         table.add_section()
     return table
@@ -66,14 +75,21 @@ def tune_table(result: TuneResult) -> Table:
     table = Table(title=Text(title + f"{result.target:g}"), title_justify="left")
     for header in ("settings", "limit", "burst ms"):
         table.add_column(header, no_wrap=True)
-    for header in ("ratio", "throttled ms", "p50 ms", "p95 ms", "p99 ms", "meets target"):
+    pods = "pod" in result.before.extra
+    headers = ("ratio", "throttled ms") + (("pod ratio", "pod throttled ms") if pods else ())
+    for header in (*headers, "p50 ms", "p95 ms", "p99 ms", "meets target"):
         table.add_column(header, justify="right")
 
     def row(name: str, limit: str, burst_us: int, fig: RunFigures) -> None:
-        ok = fig.stat.throttle_ratio <= result.target
+        pod = fig.extra.get("pod") or {}
+        # Under a pod quota the target holds for the pod's periods too: its throttling
+        # stalls the container as much as the container's own.
+        ok = max(fig.stat.throttle_ratio, pod.get("throttle_ratio", 0.0)) <= result.target
+        pod_cells = (f"{pod.get('throttle_ratio', 0.0):.3f}",
+                     f"{pod.get('throttled_ms', 0.0):.0f}") if pods else ()  # fmt: skip
         table.add_row(
             cell(name), cell(limit), f"{burst_us / 1000:g}",
-            f"{fig.stat.throttle_ratio:.3f}", f"{fig.stat.throttled_us / 1000:.0f}",
+            f"{fig.stat.throttle_ratio:.3f}", f"{fig.stat.throttled_us / 1000:.0f}", *pod_cells,
             f"{fig.latency.p50:.1f}", f"{fig.latency.p95:.1f}", f"{fig.latency.p99:.1f}",
             "yes" if ok else "no",
         )  # fmt: skip

@@ -33,6 +33,11 @@ the given number of cores. The rules (docs/model.md, "Agreement"):
   (docs/benchmarks.md §3). The lab measures it per task (``lost_ms``, lab/worker.py) and the
   latencies are compared without it (``latency_less_lost_ms``); the verdict says how
   much was taken out. The throttle ratio is compared as measured.
+- **Under a pod quota** (``pod_quota``) the run's throttle ratio and latencies are the
+  container's, held to the rules above, with the model's pod level in the prediction (the
+  pod's own grid at the phase the lab calibrated, ``pod_period_phase_ms``; 0 where the
+  pod's quota never ran out in the calibration). The pod's counters are reported beside
+  them, not held to a rule (docs/model.md, "The pod level").
 - **The kernel's own spread.** Each scenario is measured more than once; a run
   agrees when the model is within tolerance of at least one of the kernel's
   measurements of it. Two measurements of the same run differ by the kernel's
@@ -74,6 +79,7 @@ def machine_for(measured: RunFigures, cores: int, other_threads: int = 0) -> Mac
         hz=extra.get("hz") or DEFAULT_HZ,
         period_phase_us=round((extra.get("period_phase_ms") or 0) * 1000),
         tick_phase_us=round((extra.get("tick_phase_ms") or 0) * 1000),
+        pod_phase_us=round((extra.get("pod_period_phase_ms") or 0) * 1000),
         wakeup_us=round((extra.get("wakeup_ms") or 0) * 1000),
     )
 
@@ -171,7 +177,8 @@ def compare(workload: Workload, spec: RunSpec, measured: RunFigures, cores: int)
     (a no-limit run becomes the reference); :func:`compare_repeat` adds the machine's
     excess to the limited runs."""
     machine_like = machine_for(measured, cores, spec.other_threads)
-    predicted = simulate_tasks(workload, spec.bandwidth(), machine_like, limit=spec.as_given())
+    predicted = simulate_tasks(workload, spec.bandwidth(), machine_like, limit=spec.as_given(),
+                               pod=spec.pod_bandwidth())  # fmt: skip
     tolerance = spec.ratio_tolerance or RATIO_TOLERANCE
     latency = spec.latency_tolerance or LATENCY_TOLERANCE
     low, high = ratio_band(workload, spec, machine_like)
@@ -187,7 +194,7 @@ def ratio_band(workload: Workload, spec: RunSpec, machine: Machine) -> tuple[flo
         return 0.0, 0.0
     ratios = [
         simulate_tasks(workload, spec.bandwidth(), dataclasses.replace(machine, wakeup_us=w),
-                       limit=spec.as_given()).stat.throttle_ratio
+                       limit=spec.as_given(), pod=spec.pod_bandwidth()).stat.throttle_ratio
         for w in range(0, WAKEUP_BAND_US + 1, WAKEUP_STEP_US)
     ]  # fmt: skip
     return min(ratios), max(ratios)

@@ -18,6 +18,12 @@ One run, step by step:
 Only the workers run inside the cgroup; this process times and dispatches
 them from outside it.
 
+A run with ``pod_quota`` goes into a container cgroup (``…-pod/container``) inside a pod
+cgroup whose quota is the run's, on the same period, with no burst, as a kubelet makes a
+one-container pod. Each has a period grid of its own, so both are calibrated (step 3,
+:func:`_calibrate_pod`), and the pod's counters are measured beside the container's
+(``extra["pod"]``, ``extra["pod_period_phase_ms"]``). Both cgroups are removed after.
+
 A run can also go into a cgroup that exists and outlives it (``existing_cgroup``): a
 container's, which its kubelet made with the pod and removes with it, and whose quota
 an in-place resize changes. Steps 2 and 6 then leave the cgroup alone (not created, its
@@ -36,8 +42,10 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from unthrottle.cfs.figures import CpuStatDelta, Latency, RunFigures
+from unthrottle.cfs.pod import pod_figures
 from unthrottle.cfs.settings import Bandwidth
 from unthrottle.cfs.workload import Kind, Workload
 from unthrottle.cgroups import Cgroup, CpuStat, Layout
@@ -55,6 +63,8 @@ LEAD_NS = 30_000_000
 """Time given to send every worker its first command before the common start."""
 CALIBRATION_ATTEMPTS = 3
 """A stall that was a preemption, not a throttle, is retried this many times in all."""
+POD_CONTAINER = "container"
+"""The name of a pod-quota run's container cgroup inside its pod cgroup."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +151,11 @@ def _run_cgroup(run: RunSpec | None, layout: Layout, options: LabOptions) -> tup
         name = options.cgroup_name or (
             f"{options.cgroup_parent}/unthrottle-lab-{os.getpid()}-{next(_names)}".strip("/")
         )
+        if run.pod_quota:  # the container's cgroup inside its pod's, as a kubelet nests them
+            name = f"{name}-pod/{POD_CONTAINER}"
         return Cgroup(layout, name), run
+    if run is not None and run.pod_quota:
+        raise ValueError("pod_quota: the lab makes the pod cgroup; not with existing_cgroup")
     if not options.cgroup_name:
         raise ValueError("existing_cgroup: cgroup_name must name the cgroup")
     cgroup = Cgroup(layout, options.cgroup_name)
@@ -185,18 +199,30 @@ def _measure(
 ) -> tuple[RunFigures, PeriodSamples | None]:
     cgroup, run = _run_cgroup(run, layout, options)
     bandwidth = run.bandwidth()
+    period_ns = bandwidth.period_us * 1000
+    pod_bandwidth = run.pod_bandwidth()
+    pod = Cgroup(layout, cgroup.path.rsplit("/", 1)[0]) if pod_bandwidth else None
     ours = not options.existing_cgroup
+    pod_grid_ns = None
     isolation = Isolation(layout) if options.isolate else contextlib.nullcontext()
     with isolation, Workers(workload.workers) as workers, contextlib.ExitStack() as stack:
+        if pod is not None and pod_bandwidth is not None:
+            pod.create()
+            stack.callback(pod.remove)  # after the container's, below
+            pod.write_bandwidth(pod_bandwidth)
         if ours:
             cgroup.create()
         try:
-            if ours:
-                cgroup.write_bandwidth(bandwidth)
             pinned = pin_apart(workers.pids) if options.pin else False
             for pid in workers.pids:
                 cgroup.add_process(pid)
-            grid_ns = _calibrate(workers, bandwidth, cgroup) if bandwidth.limited else None
+            if pod is not None and pod_bandwidth is not None:
+                pod_grid_ns, grid_ns = _calibrate_pod(workers, bandwidth, cgroup,
+                                                      pod_bandwidth, pod)  # fmt: skip
+            else:
+                if ours:
+                    cgroup.write_bandwidth(bandwidth)
+                grid_ns = _calibrate(workers, bandwidth, cgroup) if bandwidth.limited else None
             waits = stack.enter_context(contextlib.closing(WaitReader(layout, cgroup.path)))
             waits.wait_us()  # every worker's thread, counted from here
             # The run's other load (contention), started now: its start-up is done and its
@@ -204,12 +230,13 @@ def _measure(
             stack.enter_context(OtherThreads(run.other_threads, layout))
             t0 = _start_time(bandwidth, grid_ns, options.phase_us)
             sleep_until(t0 - LEAD_NS // 3)
-            sampler = PeriodSampler(cgroup, t0, bandwidth.period_us * 1000, boundary_ns=grid_ns,
+            sampler = PeriodSampler(cgroup, t0, period_ns, boundary_ns=grid_ns, pod=pod,
                                     grant_us=grant_of(bandwidth)) if sample else None  # fmt: skip
             if sampler is not None:
                 sampler.start()
             unwatch = watch(cgroup, t0, bandwidth.period_us * 1000) if watch else None
             before = dataclasses.replace(cgroup.read_stat(), wait_us=waits.wait_us())
+            pod_before = pod.read_stat() if pod is not None else None
             wakeups: list[int] = []
             try:
                 tasks, end = _DRIVERS[workload.kind](workers, workload, t0, wakeups)
@@ -219,17 +246,29 @@ def _measure(
                 if unwatch is not None:
                     unwatch()
             after = dataclasses.replace(cgroup.read_stat(), wait_us=waits.wait_us())
+            pod_after = pod.read_stat() if pod is not None else None
             read_at = time.monotonic_ns()
             if not ours and (now := cgroup.read_bandwidth()) != bandwidth:
                 raise LabError(f"{cgroup.path}: its settings changed during the run "
                                f"({_text(bandwidth)}, then {_text(now)}): the figures are of "
                                "neither")  # fmt: skip
         finally:
-            stack.close()  # the other load ends with the workload; the threads' files close
             workers.close()
             if ours:
                 cgroup.remove()
-    delta = _within_span(after - before, grid_ns, bandwidth.period_us * 1000, end, read_at)
+            stack.close()  # the other load ends with the workload; files close; the pod goes
+    delta = _within_span(after - before, grid_ns, period_ns, end, read_at)
+    pod_extra: dict[str, Any] = {}
+    if pod_before is not None and pod_after is not None:
+        pod_delta = _within_span(pod_after - pod_before, pod_grid_ns, period_ns, end, read_at)
+        pod_extra = {
+            "pod": pod_figures(
+                pod_delta.nr_periods, pod_delta.nr_throttled, pod_delta.throttled_us
+            ),
+            "pod_period_phase_ms": (
+                None if pod_grid_ns is None else ((t0 - pod_grid_ns) % period_ns) / 1e6
+            ),
+        }
     hz = kernel_hz()
     tick_ns = 1_000_000_000 // hz if hz else None
     less_lost = Latency.of([(t.latency_ns - t.lost_ns) / 1e6 for t in tasks])
@@ -264,6 +303,7 @@ def _measure(
             # kernel's CFS made of the run (lab.agreement compares the model with these).
             "lost_ms": round(sum(t.lost_ns for t in tasks) / 1e6, 3),
             "latency_less_lost_ms": less_lost.to_json(),
+            **pod_extra,
         },
     )
     return figures, (sampler.samples() if sampler is not None else None)
@@ -334,6 +374,28 @@ def _calibrate(workers: Workers, bandwidth: Bandwidth, cgroup: Cgroup) -> int | 
         if cgroup.read_stat().nr_throttled > throttled_before:
             return min(resumes)
     return None
+
+
+def _calibrate_pod(
+    workers: Workers, bandwidth: Bandwidth, cgroup: Cgroup, pod_bandwidth: Bandwidth, pod: Cgroup
+) -> tuple[int | None, int | None]:
+    """The pod's period grid and the container's, each calibrated alone; the container's
+    quota is written here.
+
+    Under a pod quota equal to its own, the container and the pod run out together and
+    the workers resume when both have refilled, at the later of two boundaries: neither
+    grid. So the pod's grid is calibrated while the container has no quota yet, and the
+    container's while the pod's quota is lifted for a moment (written back at once). A
+    cgroup's grid outlives a quota written and lifted: its period timer is re-armed on
+    its old grid (docs/model.md, "Kernel facts" 1 and 6)."""
+    pod_grid = _calibrate(workers, pod_bandwidth, pod)
+    pod.write_quota(None)
+    try:
+        cgroup.write_bandwidth(bandwidth)
+        grid = _calibrate(workers, bandwidth, cgroup)
+    finally:
+        pod.write_quota(pod_bandwidth.quota_us)
+    return pod_grid, grid
 
 
 def _start_time(bandwidth: Bandwidth, grid_ns: int | None, phase_us: int) -> int:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from unthrottle.cfs.pod import stalled_us
 from unthrottle.cfs.settings import Bandwidth
 from unthrottle.cgroups import Cgroup, CpuStat, Layout
 from unthrottle.cgroups.counters import CounterReader
@@ -57,6 +58,15 @@ class PeriodSamples:
     """Per-period wait of the threads (throttled or behind other processes), if read."""
     threads: int = 0
     """The most threads the cgroup had while it was sampled (0: not read)."""
+    pod_throttled_us: npt.NDArray[np.int64] | None = None
+    """Per-period throttled time of the pod cgroup around the container (a ``pod_quota``
+    run), in the container's periods; None without a pod quota."""
+
+    @property
+    def stalled_us(self) -> npt.NDArray[np.int64]:
+        """Per-period stall the quotas made, the container's and its pod's, no more than
+        the threads waited (:func:`unthrottle.cfs.pod.stalled_us`)."""
+        return stalled_us(self.throttled_us, self.pod_throttled_us, self.wait_us)
 
     @property
     def demand_us(self) -> npt.NDArray[np.int64]:
@@ -68,10 +78,11 @@ class PeriodSamples:
         windows read up to 139 ms of demand per 100 ms. No window can want more than its
         threads × its length, so the wait counts up to that (never below usage +
         throttled time)."""
-        base = self.usage_us + self.throttled_us
+        stalled = self.stalled_us
+        base = self.usage_us + stalled
         if self.wait_us is None:
             return base
-        wanted = self.usage_us + np.maximum(self.throttled_us, self.wait_us)
+        wanted = self.usage_us + np.maximum(stalled, self.wait_us)
         if self.threads:
             wanted = np.maximum(base, np.minimum(wanted, self.threads * self.period_us))
         demand: npt.NDArray[np.int64] = wanted
@@ -82,28 +93,35 @@ class PeriodSamples:
         """Per-period wait that was not the quota's: behind other processes."""
         if self.wait_us is None:
             return np.zeros_like(self.usage_us)
-        contention: npt.NDArray[np.int64] = np.maximum(self.wait_us - self.throttled_us, 0)
+        contention: npt.NDArray[np.int64] = np.maximum(self.wait_us - self.stalled_us, 0)
         return contention
 
 
 class CountersAndWaits(CounterReader):
     """A cgroup's counters with its threads' wait in each reading (``CpuStat.wait_us``)."""
 
-    def __init__(self, layout: Layout, path: str) -> None:
+    def __init__(self, layout: Layout, path: str, *, pod: str | None = None) -> None:
         super().__init__(layout, path)
         self.waits = WaitReader(layout, path)
         self.most_threads = 0
+        self.pod = CounterReader(layout, pod) if pod is not None else None
+        self.pod_throttled: list[int] = []
+        """The pod cgroup's throttled time at each reading, µs (with ``pod``)."""
 
     def read(self) -> CpuStat:
-        """The counters, then the threads' summed run delay, µs."""
+        """The counters, then the threads' summed run delay, µs (and the pod's counters)."""
         stat = super().read()
         wait = self.waits.wait_us()
+        if self.pod is not None:
+            self.pod_throttled.append(self.pod.read().throttled_us)
         self.most_threads = max(self.most_threads, self.waits.threads)
         return dataclasses.replace(stat, wait_us=wait)
 
     def close(self) -> None:
         """Close the counters' and the threads' files."""
         self.waits.close()
+        if self.pod is not None:
+            self.pod.close()
         super().close()
 
 
@@ -211,8 +229,10 @@ class PeriodSampler:
         *,
         boundary_ns: int | None = None,
         grant_us: int | None = None,
+        pod: Cgroup | None = None,
     ) -> None:
-        self.reader = CountersAndWaits(cgroup.layout, cgroup.path)
+        pod_path = pod.path if pod is not None else None
+        self.reader = CountersAndWaits(cgroup.layout, cgroup.path, pod=pod_path)
         self.period_ns = period_ns
         boundary = start_ns if boundary_ns is None else boundary_ns
         self.refills = Refills(start_ns, period_ns, boundary, grant_us)
@@ -233,11 +253,21 @@ class PeriodSampler:
     def samples(self) -> PeriodSamples:
         """What was sampled, as arrays, a period each, attributed by refills."""
         threads = self.reader.most_threads
-        usage, throttled, wait = attribute(self.schedule.readings, self.refills, threads)
+        readings = self.schedule.readings
+        usage, throttled, wait = attribute(readings, self.refills, threads)
+        pod = None
+        if self.reader.pod is not None:
+            # The pod's throttled time in the container's windows: the same readings, split
+            # by the same refills, with the pod's throttled time in place of the container's.
+            pod_throttled = self.reader.pod_throttled
+            pods = [(t, dataclasses.replace(stat, throttled_us=own))
+                    for (t, stat), own in zip(readings, pod_throttled, strict=True)]  # fmt: skip
+            pod = np.asarray(attribute(pods, self.refills, threads)[1], dtype=np.int64)
         return PeriodSamples(
             np.asarray(usage, dtype=np.int64),
             np.asarray(throttled, dtype=np.int64),
             self.period_ns // 1000,
             np.asarray(wait, dtype=np.int64),
             self.reader.most_threads,
+            pod,
         )

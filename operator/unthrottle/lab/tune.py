@@ -100,13 +100,30 @@ class TuneResult:
 
 
 def spec_for(
-    limit_millicores: int, burst_us: int, period_us: int, other_threads: int = 0
+    limit_millicores: int,
+    burst_us: int,
+    period_us: int,
+    other_threads: int = 0,
+    *,
+    pod_quota: bool = False,
 ) -> RunSpec:
-    """A lab run with these settings, beside the same other load as today's run."""
+    """A lab run with these settings, beside the same other load as today's run, and in a
+    pod with a quota of its own when today's run is (``pod_quota``: the pod's quota follows
+    the limit, as a kubelet's is the sum of its containers')."""
     spec = RunSpec(cpus=limit_millicores / 1000, period_ms=period_us / 1000,
                    burst_ms=burst_us / 1000)  # fmt: skip
     # set only when asked for, so that a quiet run's settings read as before
-    return spec.model_copy(update={"other_threads": other_threads}) if other_threads else spec
+    update: dict[str, object] = {"other_threads": other_threads} if other_threads else {}
+    if pod_quota:
+        update["pod_quota"] = True
+    return spec.model_copy(update=update) if update else spec
+
+
+def throttle_ratio(figures: RunFigures) -> float:
+    """A run's throttle ratio as the target holds it: the container's, or its pod's where
+    the pod has a quota and was throttled more often (its stalls are the container's)."""
+    pod = figures.extra.get("pod") or {}
+    return max(figures.stat.throttle_ratio, float(pod.get("throttle_ratio", 0.0)))
 
 
 def evidence_of(samples: PeriodSamples, ratio: float) -> PeriodEvidence:
@@ -146,30 +163,32 @@ def tune(
     say(f"measuring today's settings ({first.label()}), sampling every period")
     before, samples = run_sampled(workload, first, layout, options)
     current = current_of(first)
-    evidence = evidence_of(samples, before.stat.throttle_ratio)
+    evidence = evidence_of(samples, throttle_ratio(before))
     others = first.other_threads
+    pod = first.pod_quota
     rec = recommend(evidence, current, policy)
     if rec.limit_millicores is None:
         raise ValueError("the recommendation keeps no limit; there is nothing to re-run")
     say(f"re-running under the recommendation ({rec.limit_millicores}m, burst {rec.burst_us} µs)")
-    spec = spec_for(rec.limit_millicores, rec.burst_us, current.period_us, others)
+    spec = spec_for(rec.limit_millicores, rec.burst_us, current.period_us, others, pod_quota=pod)
     after, after_samples = run_sampled(workload, spec, layout, options)
     refined = None
-    censored = before.stat.throttle_ratio > policy.target_ratio
-    if censored and after.stat.throttle_ratio <= policy.target_ratio:
-        evidence = evidence_of(after_samples, after.stat.throttle_ratio)
+    censored = throttle_ratio(before) > policy.target_ratio
+    if censored and throttle_ratio(after) <= policy.target_ratio:
+        evidence = evidence_of(after_samples, throttle_ratio(after))
         now = Current(rec.limit_millicores, period_us=current.period_us, burst_us=rec.burst_us)
         second = recommend(evidence, now, policy)
         changed = (second.limit_millicores, second.burst_us) != (rec.limit_millicores, rec.burst_us)
         if second.limit_millicores is not None and changed:
             say(f"refining from unthrottled evidence ({second.limit_millicores}m)")
-            spec = spec_for(second.limit_millicores, second.burst_us, current.period_us, others)
+            spec = spec_for(second.limit_millicores, second.burst_us, current.period_us, others,
+                            pod_quota=pod)  # fmt: skip
             refined = Refinement(second, run_run(workload, spec, layout, options))
     tried = []
     if with_baselines:
         for base in baselines(samples.usage_us, samples.period_us):
             say(f"re-running under the {base.name} baseline ({base.limit_millicores}m)")
-            spec = spec_for(base.limit_millicores, 0, current.period_us, others)
+            spec = spec_for(base.limit_millicores, 0, current.period_us, others, pod_quota=pod)
             figures = run_run(workload, spec, layout, options)
             tried.append(Tried(base.name, base.limit_millicores, 0, figures, base.how))
     return TuneResult(

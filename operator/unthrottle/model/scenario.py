@@ -137,6 +137,13 @@ class RunSpec(BaseModel):
         "the measured cgroup (contention): the lab starts them, the model shares the cores "
         "with them.",
     )
+    pod_quota: bool = Field(
+        False,
+        strict=True,
+        description="Run the workload in a container cgroup inside a pod cgroup whose quota is "
+        "the run's limit, on the same period and with no burst, as a kubelet makes a "
+        "one-container pod whose containers all have limits.",
+    )
     ratio_tolerance: Number | None = Field(
         None,
         gt=0,
@@ -158,6 +165,8 @@ class RunSpec(BaseModel):
         if self.cpus is None:
             if self.burst_ms:
                 raise ValueError("burst_ms: a burst needs a limit (cpus)")
+            if self.pod_quota:
+                raise ValueError("pod_quota: a pod quota is the run's limit; give cpus")
             return self
         quota_ms = self.cpus * self.period_ms
         if quota_ms * 1000 < MIN_QUOTA_US:
@@ -178,6 +187,14 @@ class RunSpec(BaseModel):
         quota_us = round(self.cpus * period_us)
         return Bandwidth(quota_us, period_us, min(round(self.burst_ms * 1000), quota_us))
 
+    def pod_bandwidth(self) -> Bandwidth | None:
+        """The pod cgroup's settings (``pod_quota``): the run's quota and period, no burst
+        (the kubelet writes none); None when the run has no pod quota."""
+        if not self.pod_quota:
+            return None
+        own = self.bandwidth()
+        return Bandwidth(own.quota_us, own.period_us)
+
     def as_given(self) -> dict[str, float]:
         """The settings exactly as the file gave them (for the output's ``limit``)."""
         return self.model_dump(exclude_unset=True, exclude={"ratio_tolerance", "latency_tolerance"})
@@ -189,6 +206,8 @@ class RunSpec(BaseModel):
             parts.append(f"{self.period_ms:g} ms period")
         if self.burst_ms:
             parts.append(f"{self.burst_ms:g} ms burst")
+        if self.pod_quota:
+            parts.append("pod quota")
         if self.other_threads:
             parts.append(f"{self.other_threads} other busy thread{'s' * (self.other_threads > 1)}")
         return ", ".join(parts)
@@ -214,6 +233,7 @@ _OWN_FIELDS = set(WorkloadSpec.model_fields) | set(RunSpec.model_fields)
 """Our validators' messages start with the field's name (``cpus: …``)."""
 _PLAIN = {
     "float_type": "is not a number",
+    "bool_type": "is not true or false",
     "int_type": "is not a whole number",
     "int_from_float": "is not a whole number",
     "string_type": "is not text",
