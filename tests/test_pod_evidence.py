@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -62,8 +61,13 @@ def _pod(lines: list[str], deploy: str, now: int, containers: dict[str, dict[str
            f'name="{pause}",namespace="{NS}",pod="{pod}"', 0.0001, now)  # fmt: skip
     if pod_level is not None:
         own = f'id="{cgroup}",namespace="{NS}",pod="{pod}"'
-        series(lines, "container_cpu_usage_seconds_total", own,
-               sum(r["container_cpu_usage_seconds_total"] for r in containers.values()), now)
+        series(
+            lines,
+            "container_cpu_usage_seconds_total",
+            own,
+            sum(r["container_cpu_usage_seconds_total"] for r in containers.values()),
+            now,
+        )
         for metric, rate in pod_level.items():
             series(lines, metric, own, rate, now)
 
@@ -171,7 +175,8 @@ class TestThePodsOwnQuota:
         back = WindowAggregates.from_bytes(agg.to_bytes()).evidence(now)
         for key in (_key("quota"), _key("duo", "main"), _key("duo", "side")):
             assert back[key].pod_throttled_s == pytest.approx(found[key].pod_throttled_s, rel=0.05)
-            assert back[key].throttle_ratio() == pytest.approx(found[key].throttle_ratio(), abs=0.02)
+            ratio = found[key].throttle_ratio()
+            assert back[key].throttle_ratio() == pytest.approx(ratio, abs=0.02)
         assert back[_key("busy")].pressure_s == pytest.approx(0.5 * HOUR, rel=0.05)
 
 

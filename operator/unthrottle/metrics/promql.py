@@ -131,9 +131,7 @@ def pod_burst_query(namespace: str, pod: str) -> str:
     return f"max by (container) ({selector(BURST_GAUGE, *matchers)})"
 
 
-def _counters(
-    matchers: tuple[str, ...], window: str, *, pressure: bool = False
-) -> dict[str, str]:
+def _counters(matchers: tuple[str, ...], window: str, *, pressure: bool = False) -> dict[str, str]:
     def increase(metric: str) -> str:
         return f"sum by ({BY_CONTAINER}) (increase({selector(metric, *matchers)}[{window}]))"
 
