@@ -22,7 +22,9 @@ from unthrottle.metrics.aggregates import WindowAggregates
 from unthrottle.metrics.evidence import ContainerEvidence, WorkloadKey, fetch
 from unthrottle.metrics.incremental import fetch_slots
 from unthrottle.metrics.source import PrometheusConfig, PrometheusSource
-from unthrottle.recommend import Current, Policy, recommend
+from unthrottle.recommend import CounterEvidence, Current, Policy, Runtime, recommend
+from unthrottle.report import Report, render_html, render_markdown
+from unthrottle.scan import ContainerResult, ScanResult, WorkloadResult
 
 pytestmark = requires_prometheus
 NS = "shop"
@@ -79,6 +81,14 @@ ONE = {  # one container at 500m, a fifth of its periods throttled by its own qu
     "container_cpu_cfs_throttled_periods_total": 2,
     "container_cpu_cfs_throttled_seconds_total": 0.1,
 }
+NO_BURST_USED = {  # cAdvisor #3795 exports them for every cgroup with a quota
+    "container_cpu_cfs_burst_periods_total": 0,
+    "container_cpu_cfs_burst_seconds_total": 0,
+}
+BURST_USED = {  # the agent's copies, where cAdvisor has none
+    "unthrottle_cpu_cfs_bursts_total": 0.5,
+    "unthrottle_cpu_cfs_burst_seconds_total": 0.01,
+}
 POD_QUOTA = {  # its pod's own quota (500m, the same) throttled it in three more periods a second
     "container_cpu_cfs_periods_total": 10,
     "container_cpu_cfs_throttled_periods_total": 3,
@@ -94,10 +104,10 @@ def _container(usage: float) -> dict[str, float]:
 
 def history(now: int) -> str:
     lines: list[str] = []
-    _pod(lines, "quota", now, {"app": ONE}, POD_QUOTA)
+    _pod(lines, "quota", now, {"app": {**ONE, **NO_BURST_USED}}, POD_QUOTA)
     _pod(lines, "free", now, {"app": ONE}, None)  # the same container, no pod quota
     # two containers under a 1-CPU pod quota, using 3:1, each active in every period
-    _pod(lines, "duo", now, {"main": _container(0.3), "side": _container(0.1)},
+    _pod(lines, "duo", now, {"main": {**_container(0.3), **BURST_USED}, "side": _container(0.1)},
          {"container_cpu_cfs_periods_total": 10,
           "container_cpu_cfs_throttled_periods_total": 4,
           "container_cpu_cfs_throttled_seconds_total": 0.4})  # fmt: skip
@@ -178,6 +188,8 @@ class TestThePodsOwnQuota:
             ratio = found[key].throttle_ratio()
             assert back[key].throttle_ratio() == pytest.approx(ratio, abs=0.02)
         assert back[_key("busy")].pressure_s == pytest.approx(0.5 * HOUR, rel=0.05)
+        # a burst never used (0) stays apart from burst counters not exported (None)
+        assert back[_key("quota")].burst_periods == 0 and back[_key("free")].burst_periods is None
 
 
 class TestTheKubeletsPressure:
@@ -210,6 +222,52 @@ class TestTheKubeletsPressure:
         assert any("PSI" in r and "lower bound" in r for r in hot.reasons), hot.reasons
 
 
+class TestTheBurstCounters:
+    def test_are_read_where_exported_and_a_zero_is_a_burst_never_used(
+        self, found: dict[WorkloadKey, ContainerEvidence]
+    ) -> None:
+        assert found[_key("quota")].burst_periods == 0  # cAdvisor's, exported, never used
+        main = found[_key("duo", "main")]  # the agent's copies
+        assert main.burst_periods == pytest.approx(0.5 * HOUR, rel=0.03)
+        assert main.burst_s == pytest.approx(0.01 * HOUR, rel=0.03)
+        assert found[_key("free")].burst_periods is None  # an older cAdvisor: not there
+
+    def test_a_burst_never_used_under_the_target_is_dropped(self) -> None:
+        unused = CounterEvidence(HOUR, 0.3, 36_000, 360, 10.0, burst_periods=0)
+        used = CounterEvidence(HOUR, 0.3, 36_000, 360, 10.0, burst_periods=900)
+        today = Current(500, burst_us=20_000)
+        dropped = recommend(unused, today, Policy())
+        assert dropped.burst_us == 0
+        assert any("never used" in r for r in dropped.reasons), dropped.reasons
+        assert recommend(used, today, Policy()).burst_us == 20_000
+        unknown = CounterEvidence(HOUR, 0.3, 36_000, 360, 10.0)  # no burst counters
+        assert recommend(unknown, today, Policy()).burst_us == 20_000
+
+    def test_the_report_says_a_burst_never_used_was_not_needed(self) -> None:
+        rec = recommend(CounterEvidence(HOUR, 0.3, 36_000, 360, 10.0), Current(500, 0, 100_000,
+                        20_000), Policy())  # fmt: skip
+
+        def container(used: tuple[float, float] | None) -> ContainerResult:
+            return ContainerResult("app", 500, 250, 20_000, None, Runtime.OTHER, "counters", 1,
+                                   0.01, None, rec, burst_used=used)  # fmt: skip
+
+        scan = ScanResult(1_796_000_000, HOUR, 0.05, (
+            WorkloadResult(NS, "idle-burst", (container((0, 0)),)),
+            WorkloadResult(NS, "busy-burst", (container((1200, 3.5)),)),
+            WorkloadResult(NS, "old-cadvisor", (container(None),)),
+        ))  # fmt: skip
+        report = Report.from_scan(scan)
+        markdown, html = render_markdown(report), render_html(report)
+        for out in (markdown, html):
+            assert out.count("was never used in the window") == 1
+            assert "a burst that is never used was not needed" in out
+            assert "was used in 1200 periods, 3.5 s of CPU above the quota" in out
+        doc = scan.to_json("1h")
+        by_name = {w["deployment"]: w["containers"][0] for w in doc["workloads"]}
+        assert by_name["idle-burst"]["burst_used"] == {"periods": 0, "seconds": 0}
+        assert "burst_used" not in by_name["old-cadvisor"]
+
+
 def test_the_recommend_cli_gets_both(prometheus: tuple[str, int]) -> None:
     url, _ = prometheus
     out = cli("--prometheus", url, "--no-cluster", "--namespace", NS, "--window", "1h",
@@ -222,3 +280,5 @@ def test_the_recommend_cli_gets_both(prometheus: tuple[str, int]) -> None:
     assert quota["recommendation"]["limit_millicores"] > free["recommendation"]["limit_millicores"]
     assert any("pod's own quota" in r for r in quota["recommendation"]["reasons"])
     assert any("PSI" in r for r in by_name["busy"]["recommendation"]["reasons"])
+    assert quota["burst_used"] == {"periods": 0, "seconds": 0}
+    assert "burst_used" not in free

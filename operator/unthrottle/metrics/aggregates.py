@@ -65,11 +65,14 @@ MIN_READ_S = 60
 """:meth:`WindowAggregates.next_read` asks for nothing shorter (the same reason)."""
 
 _COUNTERS = ("usage_s", "periods", "throttled_periods", "throttled_s", "wait_s",
-             "pod_throttled_periods", "pod_throttled_s", "pressure_s")  # fmt: skip
+             "pod_throttled_periods", "pod_throttled_s", "pressure_s",
+             "burst_periods", "burst_s", "burst_seen")  # fmt: skip
 """The counter columns. ``wait_s`` (the agent's wait counter) reads as None for a container
 the agent does not report (no CFS period gauge): cAdvisor has no such counter.
 ``pressure_s`` (the kubelet's PSI, cgroup v2) reads as None where it sums to zero: a
-container that ran and had a PSI series waited some (a cgroup v1 node has none)."""
+container that ran and had a PSI series waited some (a cgroup v1 node has none).
+``burst_seen`` is 1 for a span in which the burst counters were exported: a burst never
+used (0) is told from counters that are not there (None)."""
 _C = len(_COUNTERS)  # columns before the histogram's
 _PER_CONTAINER = ("_seen", "_pods", "_limits", "_requests", "_periods", "_changed")
 """The lists with one entry per container (row)."""
@@ -256,6 +259,8 @@ class WindowAggregates:
                 pod_throttled_periods=values[5],
                 pod_throttled_s=values[6],
                 pressure_s=values[7] or None,
+                burst_periods=values[8] if values[10] else None,
+                burst_s=values[9] if values[10] else None,
                 buckets=buckets,
                 limit_millicores=self._limits[row],
                 request_millicores=self._requests[row],
@@ -343,7 +348,8 @@ class WindowAggregates:
         for item in items:
             row = [item.usage_s, item.periods, item.throttled_periods, item.throttled_s,
                    item.wait_s or 0.0, item.pod_throttled_periods, item.pod_throttled_s,
-                   item.pressure_s or 0.0]  # fmt: skip
+                   item.pressure_s or 0.0, item.burst_periods or 0.0, item.burst_s or 0.0,
+                   float(item.burst_periods is not None)]  # fmt: skip
             buckets = item.buckets
             if buckets:
                 running = 0.0  # a bound this item lacks repeats the one below: no increase

@@ -55,6 +55,7 @@ from unthrottle.metrics.promql import (
     BY_CONTAINER,
     CONTAINERS,
     PERIOD_GAUGE,
+    BURST_SOURCE,
     PRESSURE_SOURCE,
     RECORDED,
     duration,
@@ -100,6 +101,12 @@ class ContainerEvidence:
     pressure_s: float | None = None
     """The kubelet's PSI: wall time in which at least one of its threads waited for a CPU
     (``container_pressure_cpu_waiting_seconds_total``, cgroup v2); None where not exported."""
+    burst_periods: float | None = None
+    """Periods in which it ran above its quota on its burst (cAdvisor's
+    ``container_cpu_cfs_burst_periods_total`` or the agent's ``unthrottle_cpu_cfs_bursts_total``):
+    0 for a burst never used; None where neither is exported."""
+    burst_s: float | None = None
+    """CPU time it used above its quota on its burst, seconds (``…_burst_seconds_total``)."""
     buckets: dict[float, float] = field(default_factory=dict)
     """Agent histogram: upper bound (cores) → cumulative windows, summed over pods."""
     limit_millicores: int | None = None
@@ -150,6 +157,7 @@ class ContainerEvidence:
             throttled_s=self.all_throttled_s,
             waits=self.waits(),
             pod_throttled_s=self.pod_throttled_s,
+            burst_periods=self.burst_periods,
         )
 
     def waits(self) -> Waits | None:
@@ -576,9 +584,11 @@ def gather(
     pods = _PodLevel()
     for name, attr in _COUNTER_FIELDS.items():
         for labels, at, values in answer(name):
-            into = attr
-            if labels.get(PRESSURE_SOURCE[0]) == PRESSURE_SOURCE[1]:
+            into, source = attr, labels.get(PRESSURE_SOURCE[0])
+            if source == PRESSURE_SOURCE[1]:
                 into = "pressure_s"  # the PSI series, riding along in the wait's answer
+            elif source == BURST_SOURCE[1]:  # … and the burst counters in two others
+                into = "burst_periods" if name == "periods" else "burst_s"
             elif labels.get("container", "") == "":
                 pods.add(owners, labels, name, at, values)
                 continue

@@ -83,9 +83,22 @@ PRESSURE_COUNTER = "container_pressure_cpu_waiting_seconds_total"
 only): wall time in which at least one of the container's threads waited for a CPU
 (``cpu.pressure`` "some"), throttled or behind other processes. Wall time, not thread
 time: two threads waiting at once count once, so it is a lower bound of the agent's wait."""
-PRESSURE_SOURCE = ("source", "psi")
-"""The label the PSI series carry in the wait query, which they ride along in: ``or`` keeps
-both sides' series since their label sets differ, and the answer tells them apart by it."""
+SOURCE = "source"
+"""The label a series riding along in another's query carries (``psi``, ``burst``): ``or``
+keeps both sides' series since their label sets differ, and the answer tells them apart."""
+PRESSURE_SOURCE = (SOURCE, "psi")
+"""The PSI series ride along in the wait query."""
+BURST_SOURCE = (SOURCE, "burst")
+"""cAdvisor's burst counters (cAdvisor #3795, exported for every cgroup with a quota: 0
+where no burst is set or it was never used), or the agent's copies, ride along in the
+periods and throttled-time queries."""
+BURST_COUNTERS = {
+    "periods": ("container_cpu_cfs_burst_periods_total", "unthrottle_cpu_cfs_bursts_total"),
+    "throttled_seconds": ("container_cpu_cfs_burst_seconds_total",
+                          "unthrottle_cpu_cfs_burst_seconds_total"),
+}  # fmt: skip
+"""Query name → cAdvisor's burst counter and the agent's: periods that used a burst, and the
+CPU time used above the quota."""
 PERIOD_GAUGE = "unthrottle_cpu_cfs_period_seconds"
 """The agent's gauge of each container's CFS period (the node's kubelet
 ``--cpu-cfs-quota-period``); cAdvisor exports none."""
@@ -111,8 +124,9 @@ def counter_queries(namespaces: Iterable[str], window_s: int) -> dict[str, str]:
 def evidence_counter_queries(namespaces: Iterable[str], window: str) -> dict[str, str]:
     """The evidence's counters over ``window`` (a PromQL range) for the containers of these
     namespaces and their pods' own cgroups (``container=""``), with the kubelet's PSI
-    beside the agent's wait: the same five queries as :func:`counter_queries`, widened."""
-    return _counters((namespaces_matcher(namespaces), *WITH_PODS), window, pressure=True)
+    beside the agent's wait and the burst counters beside the periods and throttled time:
+    the same five queries as :func:`counter_queries`, widened."""
+    return _counters((namespaces_matcher(namespaces), *WITH_PODS), window, ride_along=True)
 
 
 def pod_counter_queries(namespace: str, pod: str, window_s: int) -> dict[str, str]:
@@ -131,7 +145,9 @@ def pod_burst_query(namespace: str, pod: str) -> str:
     return f"max by (container) ({selector(BURST_GAUGE, *matchers)})"
 
 
-def _counters(matchers: tuple[str, ...], window: str, *, pressure: bool = False) -> dict[str, str]:
+def _counters(
+    matchers: tuple[str, ...], window: str, *, ride_along: bool = False
+) -> dict[str, str]:
     def increase(metric: str) -> str:
         return f"sum by ({BY_CONTAINER}) (increase({selector(metric, *matchers)}[{window}]))"
 
@@ -141,10 +157,17 @@ def _counters(matchers: tuple[str, ...], window: str, *, pressure: bool = False)
         for name, (cadvisor, agent) in zip(names, AGENT_COUNTERS.items(), strict=True)
     }
     found["wait_seconds"] = increase(WAIT_COUNTER)  # the agent's alone
-    if pressure:  # the kubelet's PSI rides along, labelled: no query of its own
-        label, value = PRESSURE_SOURCE
-        psi = f'label_replace({increase(PRESSURE_COUNTER)}, "{label}", "{value}", "", "")'
-        found["wait_seconds"] += f" or {psi}"
+    if not ride_along:
+        return found
+
+    def labelled(promql: str, source: tuple[str, str]) -> str:
+        return f'label_replace({promql}, "{source[0]}", "{source[1]}", "", "")'
+
+    # the kubelet's PSI and the burst counters ride along, labelled: no query of their own
+    found["wait_seconds"] += f" or {labelled(increase(PRESSURE_COUNTER), PRESSURE_SOURCE)}"
+    for name, (cadvisor, agent) in BURST_COUNTERS.items():
+        either = f"({increase(cadvisor)} or {increase(agent)})"
+        found[name] += f" or {labelled(either, BURST_SOURCE)}"
     return found
 
 
@@ -180,7 +203,7 @@ def recording_rules() -> dict[str, object]:
     """
     rules = [
         {"record": RECORDED[name], "expr": expr}
-        for name, expr in _counters(WITH_PODS, RULE_INTERVAL, pressure=True).items()
+        for name, expr in _counters(WITH_PODS, RULE_INTERVAL, ride_along=True).items()
     ]
     bucket = selector("unthrottle_cpu_demand_cores_bucket", 'container!=""')
     rules.append({
@@ -192,10 +215,8 @@ def recording_rules() -> dict[str, object]:
 
 def recorded_by(name: str) -> str:
     """The labels a recorded series is summed by: its container's, and the histogram's
-    ``le`` or the wait's ``source`` (the PSI series ride along in the wait's)."""
-    if name == "histogram":
-        return f"{BY_CONTAINER}, le"
-    return f"{BY_CONTAINER}, {PRESSURE_SOURCE[0]}" if name == "wait_seconds" else BY_CONTAINER
+    ``le`` or the counters' ``source`` (the series that ride along in them)."""
+    return f"{BY_CONTAINER}, le" if name == "histogram" else f"{BY_CONTAINER}, {SOURCE}"
 
 
 def recorded_query(name: str, namespaces: Iterable[str], window_s: int) -> str:

@@ -64,8 +64,10 @@ def _combine(a: ContainerEvidence, b: ContainerEvidence, sign: float) -> Contain
         setattr(out, name, max(0.0, getattr(a, name) + sign * getattr(b, name)))
     if a.wait_s is not None or b.wait_s is not None:  # the agent's counter, where it reports
         out.wait_s = max(0.0, (a.wait_s or 0.0) + sign * (b.wait_s or 0.0))
-    if a.pressure_s is not None or b.pressure_s is not None:  # the kubelet's PSI, where it is
-        out.pressure_s = max(0.0, (a.pressure_s or 0.0) + sign * (b.pressure_s or 0.0))
+    for name in ("pressure_s", "burst_periods", "burst_s"):  # where they are exported
+        x, y = getattr(a, name), getattr(b, name)
+        if x is not None or y is not None:
+            setattr(out, name, max(0.0, (x or 0.0) + sign * (y or 0.0)))
     bounds = set(a.buckets) | set(b.buckets)
     out.buckets = {k: max(0.0, a.buckets.get(k, 0.0) + sign * b.buckets.get(k, 0.0))
                    for k in bounds}  # fmt: skip

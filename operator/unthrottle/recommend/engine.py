@@ -155,6 +155,7 @@ def recommend(evidence: Evidence, current: Current, policy: Policy) -> Recommend
         )
     else:
         draft = counter_step(evidence, current, policy)  # headroom is inside the step
+        draft = _unused_burst(draft, evidence, current, policy)
     draft = _pod_quota(draft, evidence)
     uncapped = rounded(draft).limit  # what the evidence asks for, before bounds and steps
     ratio = _current_ratio(evidence, current)
@@ -186,6 +187,25 @@ def recommend(evidence: Evidence, current: Current, policy: Policy) -> Recommend
         reasons=[*draft.reasons, *notes],
         uncapped_limit_millicores=uncapped,
         lower_limit_millicores=lower,
+    )
+
+
+def _unused_burst(
+    draft: Draft, evidence: CounterEvidence, current: Current, policy: Policy
+) -> Draft:
+    """Counters: today's burst, never used over the window and throttling under the target,
+    was not needed (cAdvisor's burst counters, docs/recommend.md): it is dropped. Only
+    where the counters are exported (cAdvisor with #3795, or the agent's)."""
+    unused = evidence.burst_periods is not None and evidence.burst_periods < 1
+    if not (current.burst_us and draft.burst_us and unused and evidence.nr_periods):
+        return draft
+    if evidence.throttle_ratio > policy.target_ratio:
+        return draft
+    return draft.but(
+        burst_us=0,
+        reason=f"today's burst ({current.burst_us // 1000} ms) was never used in "
+        f"{evidence.nr_periods} periods (container_cpu_cfs_burst_periods_total): it was not "
+        "needed, so it is dropped",
     )
 
 

@@ -180,6 +180,9 @@ class CounterEvidence:
     pod_throttled_s: float = 0.0
     """Of ``throttled_s`` (and of ``nr_throttled``'s time), the container's share of its
     pod's own throttling: its own counters do not show it."""
+    burst_periods: float | None = None
+    """Periods in which it ran on its burst (cAdvisor's ``container_cpu_cfs_burst_periods_total``
+    or the agent's); None where not exported. 0 with a burst set: the burst was not needed."""
 
     @property
     def throttle_ratio(self) -> float:
