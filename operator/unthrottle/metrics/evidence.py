@@ -52,10 +52,10 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 
 from unthrottle.cfs.settings import DEFAULT_PERIOD_US, MAX_PERIOD_US, MIN_PERIOD_US
 from unthrottle.metrics.promql import (
+    BURST_SOURCE,
     BY_CONTAINER,
     CONTAINERS,
     PERIOD_GAUGE,
-    BURST_SOURCE,
     PRESSURE_SOURCE,
     RECORDED,
     duration,

@@ -468,9 +468,9 @@ class Applier:
         for c in record.containers:
             item = found.get(WorkloadKey(namespace, w.deployment, c.name))
             ratio = item.throttle_ratio() if item is not None else None
-            if item is not None and c.after.burst_us and item.burst_periods is not None:
-                if item.burst_periods < 1:  # cAdvisor's (or the agent's) burst counters
-                    unused.append(f"{c.name} {_ms(c.after.burst_us)}")
+            burst_periods = item.burst_periods if item is not None else None
+            if c.after.burst_us and burst_periods is not None and burst_periods < 1:
+                unused.append(f"{c.name} {_ms(c.after.burst_us)}")  # cAdvisor's counters say
             if ratio is None:
                 if (raw.get("spec") or {}).get("replicas", 1) == 0:
                     return State.VERIFYING, ("scaled to zero: no pod has run the change yet; "
