@@ -344,7 +344,9 @@ def test_a_burst_the_new_pods_never_used_is_named_in_the_verdict(world: World) -
              for w in world.containers["better"] for pod in w.pod_names()
              for kind in ("periods", "seconds") for t in range(T0 + 120, NOW + 1, 60)]  # fmt: skip
     world.add_history("\n".join(lines) + "\n")
-    world.clock.now = T0 + 25 * 60
+    world.clock.now = T0 + 300
+    assert "verifying until" in _state(world.reconcile("a"), "better")[1]
+    world.clock.now = T0 + 25 * 60  # verifyFor (15m) after the rollout was seen done
     state, _ = _state(world.reconcile("a"), "better")
     record = _record(world.deployment("better"))
     assert state == "Applied" and record.verdict == "Applied"
