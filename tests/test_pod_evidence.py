@@ -117,7 +117,26 @@ def history(now: int) -> str:
     # throttled past the target, and waiting behind other processes besides
     hot = {**ONE, "container_pressure_cpu_waiting_seconds_total": 0.6}
     _pod(lines, "hot", now, {"app": hot}, None)
+    _agent_only(lines, now)
     return "\n".join(lines) + "\n"
+
+
+def _agent_only(lines: list[str], now: int) -> None:
+    """A cluster that scrapes only the agent: its series carry ``namespace``, ``pod`` and
+    ``container`` alone, the pod cgroup as ``container=""``; its wait holds the pod's
+    throttled time (bench/pod_wait.py) besides 0.2 s/s behind other processes."""
+    pod = "agent-1-a"
+    _owned(lines, "agent", pod, now)
+    gauge(lines, "kube_pod_container_resource_limits", f'namespace="{NS}",pod="{pod}",'
+          'container="app",resource="cpu"', 0.5, now)  # fmt: skip
+    app, own = f'namespace="{NS}",pod="{pod}",container="app"', f'namespace="{NS}",pod="{pod}"'
+    for name, rate in (("usage_seconds", 0.45), ("cfs_periods", 10),
+                       ("cfs_throttled_periods", 1), ("cfs_throttled_seconds", 0.05),
+                       ("wait_seconds", 0.5)):  # fmt: skip
+        series(lines, f"unthrottle_cpu_{name}_total", app, rate, now)
+    for name, rate in (("usage_seconds", 0.45), ("cfs_periods", 10),
+                       ("cfs_throttled_periods", 4), ("cfs_throttled_seconds", 0.25)):  # fmt: skip
+        series(lines, f"unthrottle_cpu_{name}_total", f'{own},container=""', rate, now)
 
 
 @pytest.fixture(scope="module")
@@ -161,6 +180,19 @@ class TestThePodsOwnQuota:
         assert quota.limit_millicores > free.limit_millicores
         assert any("pod's own quota" in r for r in quota.reasons), quota.reasons
         assert not any("pod's own quota" in r for r in free.reasons)
+
+    def test_the_agents_pod_series_count_too_and_its_wait_holds_them(
+        self, found: dict[WorkloadKey, ContainerEvidence]
+    ) -> None:
+        agent = found[_key("agent")]
+        assert agent.throttle_ratio() == pytest.approx(0.5, abs=0.02)  # 1 + 4 in 10
+        assert agent.pod_throttled_s == pytest.approx(0.25 * HOUR, rel=0.03)
+        waits = agent.waits()
+        assert waits is not None and not waits.from_pressure
+        # the wait (0.5 s/s) holds the throttled time, the pod's too (0.3 s/s): the rest
+        # (0.2 s/s) was behind other processes
+        assert waits.throttled_s == pytest.approx(0.3 * HOUR, rel=0.03)
+        assert waits.contention_s == pytest.approx(0.2 * HOUR, rel=0.05)
 
     def test_a_multi_container_pod_shares_its_throttled_time_by_usage(
         self, found: dict[WorkloadKey, ContainerEvidence]
