@@ -263,10 +263,10 @@ class TestCheckpoint:
         yield "empty", b""
         yield "foreign", b'{"apiVersion": "v1", "kind": "ConfigMap"}'
         body = zlib.compress(b"\0\0\0\x02{}")
-        yield "valid outside, nonsense inside", struct.pack(">8sHI", b"UNTHRAGG", 2,
+        yield "valid outside, nonsense inside", struct.pack(">8sHI", b"UNTHRAGG", 3,
                                                             zlib.crc32(body)) + body  # fmt: skip
         packed = data[14:]
-        yield "a newer format", struct.pack(">8sHI", b"UNTHRAGG", 3, zlib.crc32(packed)) + packed
+        yield "a newer format", struct.pack(">8sHI", b"UNTHRAGG", 4, zlib.crc32(packed)) + packed
 
     def test_a_corrupt_or_foreign_blob_is_a_checkpoint_error(self) -> None:
         agg = WindowAggregates(WINDOW)
@@ -279,8 +279,8 @@ class TestCheckpoint:
     def test_a_newer_format_says_so(self) -> None:
         data = WindowAggregates(WINDOW).to_bytes()
         packed = data[14:]
-        blob = struct.pack(">8sHI", b"UNTHRAGG", 3, zlib.crc32(packed)) + packed
-        with pytest.raises(CheckpointError, match="format 3; this operator reads 2"):
+        blob = struct.pack(">8sHI", b"UNTHRAGG", 4, zlib.crc32(packed)) + packed
+        with pytest.raises(CheckpointError, match="format 4; this operator reads 3"):
             WindowAggregates.from_bytes(blob)
 
 

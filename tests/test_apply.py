@@ -332,6 +332,28 @@ def test_a_change_that_helped_is_applied_after_verification_and_cooldown_holds(
     assert _limit(world.deployment("better")) == patched
 
 
+def test_a_burst_the_new_pods_never_used_is_named_in_the_verdict(world: World) -> None:
+    """cAdvisor's burst counters (#3795) after the change: zero, the burst was not needed."""
+    world.policy("a", "a")
+    world.reconcile("a")
+    (change,) = _record(world.deployment("better")).containers
+    assert change.after.burst_us > 0  # Auto gives better's rare peaks a burst
+    world.roll_out("better", **HELPED)
+    lines = [f'container_cpu_cfs_burst_{kind}_total{{namespace="{w.namespace}",pod="{pod}",'
+             f'container="{w.container}"}} 0 {t}'
+             for w in world.containers["better"] for pod in w.pod_names()
+             for kind in ("periods", "seconds") for t in range(T0 + 120, NOW + 1, 60)]  # fmt: skip
+    world.add_history("\n".join(lines) + "\n")
+    world.clock.now = T0 + 300
+    assert "verifying until" in _state(world.reconcile("a"), "better")[1]
+    world.clock.now = T0 + 25 * 60  # verifyFor (15m) after the rollout was seen done
+    state, _ = _state(world.reconcile("a"), "better")
+    record = _record(world.deployment("better"))
+    assert state == "Applied" and record.verdict == "Applied"
+    assert record.verdict_reason is not None
+    assert "the burst was never used (app " in record.verdict_reason, record.verdict_reason
+
+
 def test_a_regression_after_verification_is_rolled_back_to_the_recorded_values(
     world: World,
 ) -> None:

@@ -408,9 +408,10 @@ def test_a_checkpoint_written_before_periods_were_kept_reads_back_without_them()
     assert back.evidence(T0 + 300)[KEY].agent_periods_us == set()
 
 
-def test_a_checkpoint_from_before_the_wait_column_is_refused_so_the_window_is_read_again() -> None:
+@pytest.mark.parametrize("old", [1, 2], ids=["before the wait column", "before the pod's"])
+def test_a_checkpoint_from_before_a_column_is_refused_so_the_window_is_read_again(old: int) -> None:
     agg = WindowAggregates(3600, 600)
     agg.fold(_slot(T0, {50_000}))
     body = unsealed(agg.to_bytes(), b"UNTHRAGG", FORMAT, "aggregates")
-    with pytest.raises(CheckpointError, match="checkpoint format 1; this operator reads 2"):
-        WindowAggregates.from_bytes(sealed(b"UNTHRAGG", 1, body))
+    with pytest.raises(CheckpointError, match=f"checkpoint format {old}; this operator reads 3"):
+        WindowAggregates.from_bytes(sealed(b"UNTHRAGG", old, body))

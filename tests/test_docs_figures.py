@@ -66,6 +66,27 @@ def seconds(spread: dict[str, float]) -> str:
 # -- the figures, each computed in one place ---------------------------------------------
 
 
+def pod_quota_sum() -> str:
+    """``8.2–9.8``: the container's own throttled time and its pod's together, per run with
+    the pod's quota (what the evidence counts since issue 28), seconds."""
+    runs = results("pod-quota.json")["runs"]
+    return span([r["container_throttled_s"] + r["pod_throttled_s"] for r in runs
+                 if r["pod_quota"]], 1)  # fmt: skip
+
+
+def pod_wait(key: str, pod: str, container: str) -> str:
+    """``0.94–0.97``: bench/pod_wait.py's cases with these quotas, seconds."""
+    cases = results("pod-wait.json")["cases"]
+    return span([c[key] for c in cases if (c["pod"], c["container"]) == (pod, container)], 2)
+
+
+def pod_wait_table() -> list[str]:
+    """§4: the pod's throttled time and the run delay, case by case."""
+    return [f"| {c['pod']} | {c['container']} | {c['usage_s']:.2f} "
+            f"| {c['container_throttled_s']:.2f} | {c['pod_throttled_s']:.2f} "
+            f"| {c['run_delay_s']:.2f} |" for c in results("pod-wait.json")["cases"]]  # fmt: skip
+
+
 def pod_quota(key: str, *, with_quota: bool) -> str:
     """``7.1–8.6``: bench/pod_quota.py's runs with or without the pod's quota, seconds."""
     runs = results("pod-quota.json")["runs"]
@@ -357,8 +378,26 @@ QUOTES: list[Quote] = [
      lambda: pod_quota("container_throttled_s", with_quota=True)),
     ("docs/benchmarks.md", "with the pod quota against {} s without",
      lambda: pod_quota("container_throttled_s", with_quota=False)),
-    ("docs/benchmarks.md", "was throttled {} s, which neither",
+    ("docs/benchmarks.md", "was throttled {} s, which the container's own",
      lambda: pod_quota("pod_throttled_s", with_quota=True)),
+    ("docs/benchmarks.md", "the container's own and the pod's together are {} s per run",
+     pod_quota_sum),
+    ("docs/recommend.md", "was throttled {} s by its own counters", lambda: pod_quota(
+        "container_throttled_s", with_quota=True)),
+    ("docs/recommend.md", "by its own counters, the pod cgroup {} s more", lambda: pod_quota(
+        "pod_throttled_s", with_quota=True)),
+    ("docs/recommend.md", "s more, against {} s without the pod quota", lambda: pod_quota(
+        "container_throttled_s", with_quota=False)),
+    ("docs/recommend.md", "(measured: {} s per run, own and pod's together", pod_quota_sum),
+    ("docs/recommend.md", "s per run, own and pod's together, against {} s with no pod",
+     lambda: pod_quota("container_throttled_s", with_quota=False)),
+    ("docs/recommend.md", "and no quota of its own waited {} s of 2 s",
+     lambda: pod_wait("run_delay_s", "0.5 CPU", "no quota")),
+    ("docs/recommend.md", "s of 2 s, the pod throttled {} s",
+     lambda: pod_wait("pod_throttled_s", "0.5 CPU", "no quota")),
+    ("docs/benchmarks.md", "throttled time add up to {} s in the first run", lambda: number(
+        max(c["container_throttled_s"] + c["pod_throttled_s"] for c in results("pod-wait.json")[
+            "cases"] if c["container"] != "no quota" and c["pod"] != "no quota"), 2)),
     ("docs/benchmarks.md", "isolated, 3 runs each (2026-12-03, {} cores of other load)",
      lambda: number(results("pod-quota.json")["other_load_cores"], 2)),
     # late readings attributed by their refills (§3)
@@ -718,6 +757,7 @@ TABLES: dict[str, tuple[int, Callable[[], list[str]]]] = {
     "the control plane (§12)": (12, controlplane_table),
     "Apply in place (§13)": (13, inplace_tables),
     "the agent's API requests (§14)": (14, agent_api_table),
+    "the pod's throttled time and the run delay (§4)": (4, pod_wait_table),
 }
 
 
@@ -748,6 +788,7 @@ SOURCES = {  # results file → the script that writes it, and the section that 
     "late-booked.json": ("bench/late_readings.py", 3),
     "late-readings.json": ("bench/late_readings.py", 3),
     "pod-quota.json": ("bench/pod_quota.py", 3),
+    "pod-wait.json": ("bench/pod_wait.py", 4),
     "open-pool-load.json": ("bench/open_pool_load.py", 3),
 }
 

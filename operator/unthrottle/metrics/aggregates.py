@@ -38,8 +38,9 @@ CRC-32, zlib-compressed, and sparse: a bit per number says whether it is zero,
 and only non-zero numbers are stored, their bytes shuffled (all first bytes,
 then all second bytes …) so that exponents compress together. 2,000 containers
 × 24 slots with 28 buckets, four in five idle in a slot, and counts that are
-not round numbers take 656 KiB (``tests/test_aggregates.py`` measures it:
-about 3.3 bytes per non-zero number, pods and names included). A ConfigMap
+not round numbers take 657 KiB (``tests/test_aggregates.py`` measures it:
+about 3.3 bytes per non-zero number, pods and names included; format 3's pod, PSI
+and burst columns cost a zero bit each where they are absent). A ConfigMap
 holds 1 MiB; :meth:`~WindowAggregates.to_chunks` cuts a bigger checkpoint
 into pieces.
 """
@@ -64,16 +65,23 @@ MIN_SLOT_S = 60
 MIN_READ_S = 60
 """:meth:`WindowAggregates.next_read` asks for nothing shorter (the same reason)."""
 
-_COUNTERS = ("usage_s", "periods", "throttled_periods", "throttled_s", "wait_s")
+_COUNTERS = ("usage_s", "periods", "throttled_periods", "throttled_s", "wait_s",
+             "pod_throttled_periods", "pod_throttled_s", "pressure_s",
+             "burst_periods", "burst_s", "burst_seen")  # fmt: skip
 """The counter columns. ``wait_s`` (the agent's wait counter) reads as None for a container
-the agent does not report (no CFS period gauge): cAdvisor has no such counter."""
+the agent does not report (no CFS period gauge): cAdvisor has no such counter.
+``pressure_s`` (the kubelet's PSI, cgroup v2) reads as None where it sums to zero: a
+container that ran and had a PSI series waited some (a cgroup v1 node has none).
+``burst_seen`` is 1 for a span in which the burst counters were exported: a burst never
+used (0) is told from counters that are not there (None)."""
 _C = len(_COUNTERS)  # columns before the histogram's
 _PER_CONTAINER = ("_seen", "_pods", "_limits", "_requests", "_periods", "_changed")
 """The lists with one entry per container (row)."""
 _MAGIC = b"UNTHRAGG"
-_FORMAT = 2
-"""2: the wait column (issue 21). A format-1 checkpoint is refused as any unusable one is:
-the operator reads the whole window once, then checkpoints in format 2."""
+_FORMAT = 3
+"""2: the wait column (issue 21); 3: the pod's throttling shared to its containers and the
+kubelet's PSI (issue 28). An older checkpoint is refused as any unusable one is: the
+operator reads the whole window once, then checkpoints in format 3."""
 _HEAD = struct.Struct(">8sHI")  # magic, format, CRC-32 of the compressed body
 
 Matrix = npt.NDArray[np.float32]
@@ -249,6 +257,11 @@ class WindowAggregates:
                 throttled_periods=values[2],
                 throttled_s=values[3],
                 wait_s=values[4] if self._periods[row] else None,
+                pod_throttled_periods=values[5],
+                pod_throttled_s=values[6],
+                pressure_s=values[7] or None,
+                burst_periods=values[8] if values[10] else None,
+                burst_s=values[9] if values[10] else None,
                 buckets=buckets,
                 limit_millicores=self._limits[row],
                 request_millicores=self._requests[row],
@@ -335,7 +348,9 @@ class WindowAggregates:
         nothing = [False] * len(bounds)
         for item in items:
             row = [item.usage_s, item.periods, item.throttled_periods, item.throttled_s,
-                   item.wait_s or 0.0]  # fmt: skip
+                   item.wait_s or 0.0, item.pod_throttled_periods, item.pod_throttled_s,
+                   item.pressure_s or 0.0, item.burst_periods or 0.0, item.burst_s or 0.0,
+                   float(item.burst_periods is not None)]  # fmt: skip
             buckets = item.buckets
             if buckets:
                 running = 0.0  # a bound this item lacks repeats the one below: no increase

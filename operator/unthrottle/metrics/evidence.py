@@ -7,7 +7,10 @@ the first two; ``recommend`` adds one for the recording rules' coverage):
   ``kube_pod_owner``, ``kube_replicaset_owner``);
 - the four CPU counters, increased over the window: cAdvisor's, or the agent's
   copies where cAdvisor has none; and the agent's wait
-  (``unthrottle_cpu_wait_seconds_total``), which cAdvisor does not have;
+  (``unthrottle_cpu_wait_seconds_total``), which cAdvisor does not have, with the
+  kubelet's PSI (``container_pressure_cpu_waiting_seconds_total``, cgroup v2) riding
+  along in the same query, labelled ``source="psi"``. Each reads the containers and their
+  pods' own cgroups (``container=""``) together: the pod level costs no query;
 - the agent's demand histogram (``unthrottle_cpu_demand_cores_bucket``);
 - today's CPU limits and requests (``kube_pod_container_resource_*``); the limits
   query also brings the agent's CFS period gauge (``… or
@@ -23,6 +26,18 @@ increases over a Deployment's pods handles pod churn: a pod that lived an hour
 of the window adds an hour of periods. Usage per active period, rather than
 per pod, keeps the average honest whatever the churn. A container with no
 periods at all has evidence ``none``, and no recommendation is made from it.
+
+**The pod's own quota.** A kubelet gives a pod whose containers all have limits a quota of
+its own, the sum of theirs; when it runs out first the containers stall and their own
+counters do not show it (docs/recommend.md, "The pod's own quota"). A window in which the
+pod was throttled is one in which each of its running containers wanted more than it got,
+so each container gets a share of its pod's throttling, pod by pod
+(:func:`share_pod_throttling`): of the throttled time, in proportion to its usage over the
+span (the kernel sums a group's throttled time over the CPUs it was stalled on, and a
+container that ran on more of them was stalled on more); of the throttled periods, the
+pod's throttled periods in proportion to the share of the pod's periods in which the
+container was active (a throttled period of the pod stalls every container that was
+running in it, whole).
 """
 
 from __future__ import annotations
@@ -33,20 +48,22 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from unthrottle.cfs.settings import DEFAULT_PERIOD_US, MAX_PERIOD_US, MIN_PERIOD_US
 from unthrottle.metrics.promql import (
+    BURST_SOURCE,
     BY_CONTAINER,
     CONTAINERS,
     PERIOD_GAUGE,
+    PRESSURE_SOURCE,
     RECORDED,
     duration,
+    evidence_counter_queries,
     namespaces_matcher,
     recorded_query,
     selector,
 )
-from unthrottle.metrics.promql import _counters as counters_over
 from unthrottle.metrics.source import MetricsError, MetricsSource
 from unthrottle.model.owners import Owners
 from unthrottle.recommend.histogram import evidence_from_histogram, highest, quantile
@@ -76,6 +93,20 @@ class ContainerEvidence:
     throttled_s: float = 0.0
     wait_s: float | None = None
     """Time its threads waited for a CPU (the agent's counter); None without the agent."""
+    pod_throttled_periods: float = 0.0
+    """Its share of its pods' own throttled periods (the pod cgroup's quota), beyond its
+    own counters: see the module's docstring."""
+    pod_throttled_s: float = 0.0
+    """Its share of its pods' own throttled time, seconds, beyond its own counters."""
+    pressure_s: float | None = None
+    """The kubelet's PSI: wall time in which at least one of its threads waited for a CPU
+    (``container_pressure_cpu_waiting_seconds_total``, cgroup v2); None where not exported."""
+    burst_periods: float | None = None
+    """Periods in which it ran above its quota on its burst (cAdvisor's
+    ``container_cpu_cfs_burst_periods_total`` or the agent's ``unthrottle_cpu_cfs_bursts_total``):
+    0 for a burst never used; None where neither is exported."""
+    burst_s: float | None = None
+    """CPU time it used above its quota on its burst, seconds (``…_burst_seconds_total``)."""
     buckets: dict[float, float] = field(default_factory=dict)
     """Agent histogram: upper bound (cores) → cumulative windows, summed over pods."""
     limit_millicores: int | None = None
@@ -96,9 +127,23 @@ class ContainerEvidence:
             return "period"
         return "counters" if self.periods >= 1 else "none"
 
+    @property
+    def all_throttled_periods(self) -> float:
+        """Its own throttled periods and its share of its pods', at most its periods.
+
+        Their sum: where both quotas ran out in the same period it counts that period
+        twice, the cap keeping the ratio at most 1 (a container under a pod quota equal to
+        its own was throttled by both in the same periods: ``bench/pod_quota.py``)."""
+        return min(self.periods, self.throttled_periods + self.pod_throttled_periods)
+
+    @property
+    def all_throttled_s(self) -> float:
+        """Its own throttled time and its share of its pods', seconds."""
+        return self.throttled_s + self.pod_throttled_s
+
     def throttle_ratio(self) -> float | None:
-        """Throttled periods over periods (None without periods)."""
-        return self.throttled_periods / self.periods if self.periods >= 1 else None
+        """Throttled periods over periods, its pods' share counted (None without periods)."""
+        return self.all_throttled_periods / self.periods if self.periods >= 1 else None
 
     def counters(self, window_s: float, period_us: int = DEFAULT_PERIOD_US) -> CounterEvidence:
         """Counter-level evidence; usage is per active period, so pod churn does not dilute it."""
@@ -108,17 +153,25 @@ class ContainerEvidence:
             window_s=window_s,
             usage_cores=usage_cores,
             nr_periods=round(self.periods),
-            nr_throttled=round(self.throttled_periods),
-            throttled_s=self.throttled_s,
+            nr_throttled=round(self.all_throttled_periods),
+            throttled_s=self.all_throttled_s,
             waits=self.waits(),
+            pod_throttled_s=self.pod_throttled_s,
+            burst_periods=self.burst_periods,
         )
 
     def waits(self) -> Waits | None:
-        """Where its threads waited for a CPU, from the agent's counter (None without it).
-        The wait holds the throttled waits: the rest was behind other processes."""
-        if self.wait_s is None:
-            return None
-        return Waits(self.throttled_s, max(0.0, self.wait_s - self.throttled_s))
+        """Where its threads waited for a CPU: the agent's counter, else the kubelet's PSI (a
+        lower bound), else None. The wait holds the throttled waits, the pod's included
+        (``bench/pod_wait.py``): the rest was behind other processes."""
+        throttled = self.all_throttled_s
+        if self.wait_s is not None:
+            return Waits(throttled, max(0.0, self.wait_s - throttled))
+        if self.pressure_s is not None:
+            # wall time ≤ the threads' wait, and the throttled wall time ≤ the throttled
+            # time, so what PSI holds beyond the throttled time is at most the contention
+            return Waits(throttled, max(0.0, self.pressure_s - throttled), from_pressure=True)
+        return None
 
     def demand_millicores(self) -> dict[str, int] | None:
         """Per-window demand from the agent's histogram: median, p99 and the largest window
@@ -136,7 +189,8 @@ class ContainerEvidence:
     def period_evidence(self, period_us: int = DEFAULT_PERIOD_US) -> PeriodEvidence:
         """Period-level evidence rebuilt from the agent's histogram."""
         evidence = evidence_from_histogram(*self._histogram(), period_us=period_us)
-        return replace(evidence, observed_throttle_ratio=self.throttle_ratio(), waits=self.waits())
+        return replace(evidence, observed_throttle_ratio=self.throttle_ratio(), waits=self.waits(),
+                       pod_throttled_s=self.pod_throttled_s)  # fmt: skip
 
     def _histogram(self) -> tuple[list[float], list[float]]:
         """Bucket bounds in order, and their cumulative counts."""
@@ -199,7 +253,7 @@ def increase_queries(namespaces: list[str], window: str) -> dict[str, str]:
     """The four counters' and the histogram's increase over ``window``, a PromQL range
     (``86400s``, ``3600000ms``), per container (and ``le``)."""
     ns = namespaces_matcher(namespaces)
-    out = counters_over((ns, *CONTAINERS), window)
+    out = evidence_counter_queries(namespaces, window)
     bucket = selector("unthrottle_cpu_demand_cores_bucket", ns)
     out["histogram"] = f"sum by ({BY_CONTAINER}, le) (increase({bucket}[{window}]))"
     return out
@@ -410,6 +464,81 @@ those values: one step for an instant query, ``steps`` for a range query."""
 _FIRST_STEP = (0,)
 
 
+class _PodLevel:
+    """The pods' own counters (``container=""``) and their containers' usage and periods,
+    per step of the evaluation, until :meth:`share` gives each container its share."""
+
+    def __init__(self) -> None:
+        # (step, namespace, pod) → counter name → the pod cgroup's increase
+        self.pods: dict[tuple[int, str, str], dict[str, float]] = {}
+        # (step, namespace, pod) → container → [evidence, usage, periods]
+        self.members: dict[tuple[int, str, str], dict[str, list[Any]]] = {}
+
+    def add(self, owners: Owners, labels: dict[str, str], name: str, at: Sequence[int],
+            values: Sequence[float]) -> None:  # fmt: skip
+        """A pod cgroup's series (of a Deployment's pod; others are not evidence)."""
+        ns, pod = labels.get("namespace", ""), labels.get("pod", "")
+        if name not in _POD_COUNTERS or owners.deployment_of(ns, pod) is None:
+            return
+        for k, value in zip(at, values, strict=False):
+            if math.isfinite(value):
+                counters = self.pods.setdefault((k, ns, pod), {})
+                counters[name] = counters.get(name, 0.0) + value
+
+    def note(self, labels: dict[str, str], name: str, at: Sequence[int],
+             items: list[ContainerEvidence] | None, values: Sequence[float]) -> None:  # fmt: skip
+        """A container's usage or periods in one pod, which its share is measured by."""
+        if items is None or name not in ("usage_seconds", "periods"):
+            return
+        ident = (labels.get("namespace", ""), labels.get("pod", ""))
+        column = 1 if name == "usage_seconds" else 2
+        for k, item, value in zip(at, items, values, strict=False):
+            member = self.members.setdefault((k, *ident), {}).setdefault(
+                labels.get("container", ""), [item, 0.0, 0.0]
+            )
+            member[column] += value if math.isfinite(value) else 0.0
+
+    def share(self) -> None:
+        """Give every container its share of its pod's throttling at each step."""
+        for at, counters in self.pods.items():
+            members = self.members.get(at)
+            if not members:
+                continue
+            found = share_pod_throttling(
+                counters.get("periods", 0.0),
+                counters.get("throttled_periods", 0.0),
+                counters.get("throttled_seconds", 0.0),
+                {c: (m[1], m[2]) for c, m in members.items()},
+            )
+            for container, (periods, seconds) in found.items():
+                item = members[container][0]
+                item.pod_throttled_periods += periods
+                item.pod_throttled_s += seconds
+
+
+_POD_COUNTERS = ("periods", "throttled_periods", "throttled_seconds")
+
+
+def share_pod_throttling(
+    periods: float, throttled_periods: float, throttled_s: float,
+    members: dict[str, tuple[float, float]],
+) -> dict[str, tuple[float, float]]:  # fmt: skip
+    """Each container's share of its pod's throttling over one span: container → (throttled
+    periods, throttled seconds), from the pod cgroup's periods, throttled periods and
+    throttled time and each container's (usage seconds, periods) over the same span.
+
+    Time in proportion to usage (equal shares if none ran); periods in proportion to the
+    share of the pod's periods the container was active in, at most all of them.
+    """
+    total_usage = sum(usage for usage, _ in members.values())
+    out = {}
+    for container, (usage, active) in members.items():
+        part = usage / total_usage if total_usage > 0 else 1 / len(members)
+        seen = min(1.0, active / periods) if periods > 0 else 0.0
+        out[container] = (throttled_periods * seen, throttled_s * part)
+    return out
+
+
 def gather(
     owners: Owners, answer: Callable[[str], Iterable[Points]], steps: int = 1
 ) -> list[dict[WorkloadKey, ContainerEvidence]]:
@@ -452,12 +581,23 @@ def gather(
             everywhere[ident] = items
         return items
 
+    pods = _PodLevel()
     for name, attr in _COUNTER_FIELDS.items():
         for labels, at, values in answer(name):
+            into, source = attr, labels.get(PRESSURE_SOURCE[0])
+            if source == PRESSURE_SOURCE[1]:
+                into = "pressure_s"  # the PSI series, riding along in the wait's answer
+            elif source == BURST_SOURCE[1]:  # … and the burst counters in two others
+                into = "burst_periods" if name == "periods" else "burst_s"
+            elif labels.get("container", "") == "":
+                pods.add(owners, labels, name, at, values)
+                continue
             items = evidence(labels, at)
+            pods.note(labels, name, at, items, values)
             for item, value in zip(items or (), values, strict=False):
                 if math.isfinite(value):
-                    setattr(item, attr, (getattr(item, attr) or 0.0) + value)
+                    setattr(item, into, (getattr(item, into) or 0.0) + value)
+    pods.share()
 
     bounds: dict[str | None, float | None] = {}
     for labels, at, values in answer("histogram"):

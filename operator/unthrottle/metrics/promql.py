@@ -49,6 +49,17 @@ def selector(metric: str, *matchers: str) -> str:
 BY_CONTAINER = "namespace, pod, container"
 CONTAINERS = ('container!=""', 'container!="POD"')
 """cAdvisor's pod-level series have ``container=""`` (or ``POD``, the pause container)."""
+WITH_PODS = ('container!="POD"',)
+"""Containers and their pods' own cgroups: the evidence's counters read both in one query.
+
+On a real kubelet (cgroupfs or systemd driver, containerd) cAdvisor's ``container=""``
+series of a pod are two cgroups told apart only by ``id``: the pod cgroup's and the pause
+container's. ``sum by (namespace, pod, container)`` adds them, which is right for the CFS
+counters: cAdvisor exports those only for a cgroup with a quota (``Quota != 0``), and the
+pause container has none, so they are the pod cgroup's alone. The agent exports the pod
+cgroup as ``container=""`` too. A pod whose containers all have limits gets the sum of them
+as its own quota; docker-shim's ``POD`` pause container stays out.
+"""
 
 
 def namespaces_matcher(namespaces: Iterable[str]) -> str:
@@ -67,6 +78,27 @@ AGENT_COUNTERS = {
 WAIT_COUNTER = "unthrottle_cpu_wait_seconds_total"
 """The agent's count of the time a container's threads waited for a CPU (throttled, or
 behind other processes); cAdvisor has none."""
+PRESSURE_COUNTER = "container_pressure_cpu_waiting_seconds_total"
+"""The kubelet's PSI (``/metrics/cadvisor``, GA in Kubernetes 1.36, KEP-4205; cgroup v2
+only): wall time in which at least one of the container's threads waited for a CPU
+(``cpu.pressure`` "some"), throttled or behind other processes. Wall time, not thread
+time: two threads waiting at once count once, so it is a lower bound of the agent's wait."""
+SOURCE = "source"
+"""The label a series riding along in another's query carries (``psi``, ``burst``): ``or``
+keeps both sides' series since their label sets differ, and the answer tells them apart."""
+PRESSURE_SOURCE = (SOURCE, "psi")
+"""The PSI series ride along in the wait query."""
+BURST_SOURCE = (SOURCE, "burst")
+"""cAdvisor's burst counters (cAdvisor #3795, exported for every cgroup with a quota: 0
+where no burst is set or it was never used), or the agent's copies, ride along in the
+periods and throttled-time queries."""
+BURST_COUNTERS = {
+    "periods": ("container_cpu_cfs_burst_periods_total", "unthrottle_cpu_cfs_bursts_total"),
+    "throttled_seconds": ("container_cpu_cfs_burst_seconds_total",
+                          "unthrottle_cpu_cfs_burst_seconds_total"),
+}  # fmt: skip
+"""Query name → cAdvisor's burst counter and the agent's: periods that used a burst, and the
+CPU time used above the quota."""
 PERIOD_GAUGE = "unthrottle_cpu_cfs_period_seconds"
 """The agent's gauge of each container's CFS period (the node's kubelet
 ``--cpu-cfs-quota-period``); cAdvisor exports none."""
@@ -89,6 +121,14 @@ def counter_queries(namespaces: Iterable[str], window_s: int) -> dict[str, str]:
     return _counters((namespaces_matcher(namespaces), *CONTAINERS), duration(window_s))
 
 
+def evidence_counter_queries(namespaces: Iterable[str], window: str) -> dict[str, str]:
+    """The evidence's counters over ``window`` (a PromQL range) for the containers of these
+    namespaces and their pods' own cgroups (``container=""``), with the kubelet's PSI
+    beside the agent's wait and the burst counters beside the periods and throttled time:
+    the same five queries as :func:`counter_queries`, widened."""
+    return _counters((namespaces_matcher(namespaces), *WITH_PODS), window, ride_along=True)
+
+
 def pod_counter_queries(namespace: str, pod: str, window_s: int) -> dict[str, str]:
     """:func:`counter_queries` for one pod's containers (an in-place canary's own counters)."""
     matchers = (equals("namespace", namespace), equals("pod", pod), *CONTAINERS)
@@ -105,7 +145,9 @@ def pod_burst_query(namespace: str, pod: str) -> str:
     return f"max by (container) ({selector(BURST_GAUGE, *matchers)})"
 
 
-def _counters(matchers: tuple[str, ...], window: str) -> dict[str, str]:
+def _counters(
+    matchers: tuple[str, ...], window: str, *, ride_along: bool = False
+) -> dict[str, str]:
     def increase(metric: str) -> str:
         return f"sum by ({BY_CONTAINER}) (increase({selector(metric, *matchers)}[{window}]))"
 
@@ -115,6 +157,17 @@ def _counters(matchers: tuple[str, ...], window: str) -> dict[str, str]:
         for name, (cadvisor, agent) in zip(names, AGENT_COUNTERS.items(), strict=True)
     }
     found["wait_seconds"] = increase(WAIT_COUNTER)  # the agent's alone
+    if not ride_along:
+        return found
+
+    def labelled(promql: str, source: tuple[str, str]) -> str:
+        return f'label_replace({promql}, "{source[0]}", "{source[1]}", "", "")'
+
+    # the kubelet's PSI and the burst counters ride along, labelled: no query of their own
+    found["wait_seconds"] += f" or {labelled(increase(PRESSURE_COUNTER), PRESSURE_SOURCE)}"
+    for name, (cadvisor, agent) in BURST_COUNTERS.items():
+        either = f"({increase(cadvisor)} or {increase(agent)})"
+        found[name] += f" or {labelled(either, BURST_SOURCE)}"
     return found
 
 
@@ -150,7 +203,7 @@ def recording_rules() -> dict[str, object]:
     """
     rules = [
         {"record": RECORDED[name], "expr": expr}
-        for name, expr in _counters(CONTAINERS, RULE_INTERVAL).items()
+        for name, expr in _counters(WITH_PODS, RULE_INTERVAL, ride_along=True).items()
     ]
     bucket = selector("unthrottle_cpu_demand_cores_bucket", 'container!=""')
     rules.append({
@@ -160,8 +213,15 @@ def recording_rules() -> dict[str, object]:
     return {"groups": [{"name": "unthrottle", "interval": RULE_INTERVAL, "rules": rules}]}
 
 
+def recorded_by(name: str) -> str:
+    """The labels a recorded series is summed by: its container's, and the histogram's
+    ``le`` or the counters' ``source`` (the series that ride along in them)."""
+    return f"{BY_CONTAINER}, le" if name == "histogram" else f"{BY_CONTAINER}, {SOURCE}"
+
+
 def recorded_query(name: str, namespaces: Iterable[str], window_s: int) -> str:
     """A window's total from a recorded series, per container (and ``le``)."""
-    by = f"{BY_CONTAINER}, le" if name == "histogram" else BY_CONTAINER
+    by_labels = recorded_by(name)
     ns = namespaces_matcher(namespaces)
-    return f"sum by ({by}) (sum_over_time({selector(RECORDED[name], ns)}[{duration(window_s)}]))"
+    return (f"sum by ({by_labels}) "
+            f"(sum_over_time({selector(RECORDED[name], ns)}[{duration(window_s)}]))")  # fmt: skip

@@ -59,10 +59,15 @@ class Read:
 def _combine(a: ContainerEvidence, b: ContainerEvidence, sign: float) -> ContainerEvidence:
     """``a + sign·b``, clamped at zero; settings from ``a`` unless it has none."""
     out = ContainerEvidence(a.key, pods=set(a.pods) | (b.pods if sign > 0 else set()))
-    for name in ("usage_s", "periods", "throttled_periods", "throttled_s"):
+    for name in ("usage_s", "periods", "throttled_periods", "throttled_s",
+                 "pod_throttled_periods", "pod_throttled_s"):  # fmt: skip
         setattr(out, name, max(0.0, getattr(a, name) + sign * getattr(b, name)))
     if a.wait_s is not None or b.wait_s is not None:  # the agent's counter, where it reports
         out.wait_s = max(0.0, (a.wait_s or 0.0) + sign * (b.wait_s or 0.0))
+    for name in ("pressure_s", "burst_periods", "burst_s"):  # where they are exported
+        x, y = getattr(a, name), getattr(b, name)
+        if x is not None or y is not None:
+            setattr(out, name, max(0.0, (x or 0.0) + sign * (y or 0.0)))
     bounds = set(a.buckets) | set(b.buckets)
     out.buckets = {k: max(0.0, a.buckets.get(k, 0.0) + sign * b.buckets.get(k, 0.0))
                    for k in bounds}  # fmt: skip

@@ -470,10 +470,13 @@ class Applier:
         except MetricsError as error:
             return State.VERIFYING, f"no verdict while Prometheus cannot answer ({error})"
         after: dict[str, float | None] = {}
-        worse = []
+        worse, unused = [], []
         for c in record.containers:
             item = found.get(WorkloadKey(namespace, w.deployment, c.name))
             ratio = item.throttle_ratio() if item is not None else None
+            burst_periods = item.burst_periods if item is not None else None
+            if c.after.burst_us and burst_periods is not None and burst_periods < 1:
+                unused.append(f"{c.name} {_ms(c.after.burst_us)}")  # cAdvisor's counters say
             if ratio is None:
                 if (raw.get("spec") or {}).get("replicas", 1) == 0:
                     return State.VERIFYING, ("scaled to zero: no pod has run the change yet; "
@@ -487,9 +490,12 @@ class Applier:
         if worse and spec.apply.rollback_if_worse:
             why = f"throttling got worse: {', '.join(worse)} of periods"
             return self._rollback(raw, record, now, why)
-        done = replace(record, verdict="Applied", verdict_at=now,
-                       verdict_reason="worse, kept (rollbackIfWorse is false)" if worse else
-                       "throttling at or under the target, or better than before")  # fmt: skip
+        reason = ("worse, kept (rollbackIfWorse is false)" if worse else
+                  "throttling at or under the target, or better than before")  # fmt: skip
+        if unused:  # a burst that is never used was not needed: the next recommendation drops it
+            reason += (f"; the burst was never used ({', '.join(unused)}): not needed, and a "
+                       "recommendation from the counters drops it")  # fmt: skip
+        done = replace(record, verdict="Applied", verdict_at=now, verdict_reason=reason)
         if not self._rewrite(raw, done):
             return State.VERIFYING, "the record changed meanwhile: re-read next cycle"
         self._event(raw, "Normal", "Verified", f"kept: {self._summary(done)}")

@@ -33,6 +33,7 @@ refined from the unthrottled evidence once applied (docs/recommend.md).
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -154,6 +155,8 @@ def recommend(evidence: Evidence, current: Current, policy: Policy) -> Recommend
         )
     else:
         draft = counter_step(evidence, current, policy)  # headroom is inside the step
+        draft = _unused_burst(draft, evidence, current, policy)
+    draft = _pod_quota(draft, evidence)
     uncapped = rounded(draft).limit  # what the evidence asks for, before bounds and steps
     ratio = _current_ratio(evidence, current)
     draft = _waited(draft, evidence, current, policy, ratio)
@@ -187,6 +190,41 @@ def recommend(evidence: Evidence, current: Current, policy: Policy) -> Recommend
     )
 
 
+def _unused_burst(
+    draft: Draft, evidence: CounterEvidence, current: Current, policy: Policy
+) -> Draft:
+    """Counters: today's burst, never used over the window and throttling under the target,
+    was not needed (cAdvisor's burst counters, docs/recommend.md): it is dropped. Only
+    where the counters are exported (cAdvisor with #3795, or the agent's)."""
+    unused = evidence.burst_periods is not None and evidence.burst_periods < 1
+    if not (current.burst_us and draft.burst_us and unused and evidence.nr_periods):
+        return draft
+    if evidence.throttle_ratio > policy.target_ratio:
+        return draft
+    return draft.but(
+        burst_us=0,
+        reason=f"today's burst ({current.burst_us // 1000} ms) was never used in "
+        f"{evidence.nr_periods} periods (container_cpu_cfs_burst_periods_total): it was not "
+        "needed, so it is dropped",
+    )
+
+
+def _pod_quota(draft: Draft, evidence: Evidence) -> Draft:
+    """Say where its pod's own quota throttled it (docs/recommend.md, "The pod's own quota").
+
+    Its share of the pod cgroup's throttling is in the evidence already (the ratio, the
+    throttled time; the agent's demand holds it through the wait): this names it, since
+    the container's own counters, and a dashboard built on them, do not show it.
+    """
+    if evidence.pod_throttled_s < 0.05:
+        return draft
+    return draft.but(
+        reason=f"its pod's own quota (the sum of its containers' limits) throttled it too: "
+        f"{evidence.pod_throttled_s:.1f} s of the pod cgroup's throttled time is counted as "
+        "its share (by usage), which its own counters do not show"
+    )
+
+
 HIDDEN_BY_CONTENTION = (
     "contention can hide demand: cAdvisor's counters do not show the time threads waited for "
     "a CPU behind other processes, so on a busy node this may be low (the unthrottle agent "
@@ -215,9 +253,13 @@ def _waited(
         return draft
     waited = (f"{waits.contention_s:.1f} s waiting for a CPU behind other processes, "
               f"{waits.throttled_s:.1f} s on its quota")  # fmt: skip
+    if waits.from_pressure:
+        waited = (f"{waited}, from the kubelet's PSI: wall time, a lower bound for several "
+                  "threads")  # fmt: skip
     today = current.limit_millicores
     quota_fine = ratio is not None and ratio <= policy.target_ratio
     if not (waits.mostly_contention and quota_fine):
+        draft = _with_wait(draft, evidence, current, policy)
         return draft.but(reason=f"the demand counts the time its threads waited ({waited}): "
                          "contention hid it")  # fmt: skip
     asked = rounded(draft).limit
@@ -230,6 +272,20 @@ def _waited(
         )
     return draft.but(reason=f"the node is oversubscribed ({waited}): a higher limit would not "
                      "give it the CPU")  # fmt: skip
+
+
+def _with_wait(draft: Draft, evidence: Evidence, current: Current, policy: Policy) -> Draft:
+    """Counters: the limit at least the average demand with the wait behind other processes
+    (usage + contention per active period, with headroom). Period-level evidence counts the
+    wait in each window's demand already."""
+    if not isinstance(evidence, CounterEvidence) or evidence.waits is None or draft.limit is None:
+        return draft
+    active_s = evidence.nr_periods * current.period_us / 1e6
+    if active_s <= 0:
+        return draft
+    cores = evidence.usage_cores + evidence.waits.contention_s / active_s
+    floor = math.ceil(cores * 1000 * (1 + policy.headroom))
+    return draft.but(limit=floor) if floor > draft.limit else draft
 
 
 def _empty(evidence: Evidence) -> bool:

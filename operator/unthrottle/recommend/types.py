@@ -113,6 +113,10 @@ class Waits:
 
     throttled_s: float
     contention_s: float
+    from_pressure: bool = False
+    """Read from the kubelet's PSI (``container_pressure_cpu_waiting_seconds_total``,
+    cgroup v2) where the agent is absent: wall time with at least one thread waiting, not
+    thread time, so ``contention_s`` is then a lower bound (PSI less the throttled time)."""
 
     @property
     def mostly_contention(self) -> bool:
@@ -137,6 +141,10 @@ class PeriodEvidence:
     rebuilt as 50,000 windows); None when ``demand_us`` is every period observed."""
     waits: Waits | None = None
     """Where the threads waited, when it was measured (the demand then includes it)."""
+    pod_throttled_s: float = 0.0
+    """The container's share of its pod's own throttled time (the pod cgroup's quota) over
+    the window, seconds: in ``observed_throttle_ratio`` already, and in the demand where the
+    threads' wait was measured (the run delay holds it)."""
 
     @property
     def periods(self) -> int:
@@ -166,8 +174,15 @@ class CounterEvidence:
     nr_throttled: int
     throttled_s: float = 0.0
     waits: Waits | None = None
-    """Where the threads waited, from the node agent; None from cAdvisor alone, whose
-    counters do not show the time a thread waited behind other processes."""
+    """Where the threads waited, from the node agent (or, a lower bound, the kubelet's PSI);
+    None from cAdvisor's counters alone, which do not show the time a thread waited behind
+    other processes."""
+    pod_throttled_s: float = 0.0
+    """Of ``throttled_s`` (and of ``nr_throttled``'s time), the container's share of its
+    pod's own throttling: its own counters do not show it."""
+    burst_periods: float | None = None
+    """Periods in which it ran on its burst (cAdvisor's ``container_cpu_cfs_burst_periods_total``
+    or the agent's); None where not exported. 0 with a burst set: the burst was not needed."""
 
     @property
     def throttle_ratio(self) -> float:

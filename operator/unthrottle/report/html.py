@@ -83,7 +83,7 @@ def _row(rank: int, w: Workload, c: Container, target: float, anchor: str) -> Ro
         _num(f"{rec.confidence:.2f}" if rec else units.DASH, rec.confidence if rec else None),
         Cell(c.evidence, c.evidence),
     )  # fmt: skip
-    return Row(cells, rec.reasons if rec else (), c.over(target))
+    return Row(cells, c.notes(), c.over(target))
 
 
 def _alt(w: Workload, c: Container) -> str:

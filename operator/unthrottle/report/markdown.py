@@ -101,7 +101,7 @@ def _reasons(w: Workload, c: Container) -> list[str]:
         f"<details><summary>{text(w.key)} · {text(c.name)}: confidence "
         f"{rec.confidence:.2f}{extra}</summary>",
         "",
-        *(f"- {text(r)}" for r in rec.reasons),
+        *(f"- {text(r)}" for r in c.notes()),
         "",
         "</details>",
     ]

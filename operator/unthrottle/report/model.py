@@ -176,6 +176,14 @@ class Change:
 NO_CHANGE = Change(None, None, None)
 
 
+class BurstUsed(_Doc):
+    """How much of its burst a container used over the window (cAdvisor's
+    ``container_cpu_cfs_burst_{periods,seconds}_total``, or the agent's copies)."""
+
+    periods: int = Field(ge=0, description="Periods that ran above the quota on the burst.")
+    seconds: float = Field(ge=0, description="CPU time used above the quota, s.")
+
+
 class Container(_Doc):
     """One container (``ContainerResult.to_json`` and the report's extras)."""
 
@@ -193,6 +201,26 @@ class Container(_Doc):
     throttle_series: tuple[Point, ...] = Field((), description="Ratio over the window.")
     usage_series: tuple[Usage, ...] = Field((), description="CPU used over the window.")
     series_step_s: int | None = Field(None, ge=1, description="The series' step, s.")
+    burst_used: BurstUsed | None = Field(
+        None, description="Burst used over the window; absent where not exported."
+    )
+
+    def burst_note(self) -> str | None:
+        """What the burst counters say of today's burst (None: no burst, or no counters)."""
+        used, burst_us = self.burst_used, self.current.burst_us
+        if used is None or not burst_us:
+            return None
+        if used.periods == 0:
+            return (f"today's burst ({burst_us / 1000:g} ms) was never used in the window: "
+                    "a burst that is never used was not needed")  # fmt: skip
+        return (f"today's burst ({burst_us / 1000:g} ms) was used in {used.periods} periods, "
+                f"{used.seconds:.1f} s of CPU above the quota")  # fmt: skip
+
+    def notes(self) -> tuple[str, ...]:
+        """The recommendation's reasons, then what the burst counters say."""
+        reasons = self.recommendation.reasons if self.recommendation else ()
+        note = self.burst_note()
+        return (*reasons, note) if note else reasons
 
     @model_serializer(mode="wrap")
     def _always_histogram(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

@@ -56,7 +56,7 @@ def rows(report: Report) -> list[dict[str, Any]]:
                 # the last step that shaped the value (a bound, the burst, the headroom);
                 # JSON, YAML and CSV's "reasons" keep the whole chain
                 "reason": (rec.reasons or ("",))[-1] if rec else "no evidence in the window",
-                "reasons": " | ".join(rec.reasons) if rec else "",
+                "reasons": " | ".join(c.notes()) if rec else "",
             })  # fmt: skip
     return out
 

@@ -298,6 +298,8 @@ def assess(
             managed=request.containers is None or key.container in request.containers,
             histogram=tuple(sorted(item.buckets.items())),
             period_us=period_of(request, item)[0],
+            burst_used=None if item.burst_periods is None else (item.burst_periods,
+                                                                item.burst_s or 0.0),
         ))  # fmt: skip
     for ns, name in selection.deployments or {}:
         grouped.setdefault((ns, name), [])  # a Deployment with no containers at all

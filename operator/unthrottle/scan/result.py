@@ -69,6 +69,11 @@ class ContainerResult:
     series: ContainerSeries | None = None
     """Its counters step by step over the window, for the report's plots (read only for
     the containers plotted: :func:`unthrottle.scan.series.with_series`)."""
+    burst_used: tuple[float, float] | None = None
+    """How much of its burst it used over the window: (periods that ran above the quota,
+    CPU seconds above it), from cAdvisor's ``container_cpu_cfs_burst_{periods,seconds}_total``
+    or the agent's copies; None where neither is exported. (0, 0) with a burst set: a burst
+    never used, which was not needed."""
 
     def harm(self, target: float) -> float:
         """Throttling × how far over the target: the order people should look in."""
@@ -109,6 +114,9 @@ class ContainerResult:
         }
         if self.period_us != DEFAULT_PERIOD_US:
             out["period_us"] = self.period_us
+        if self.burst_used is not None:
+            periods, seconds = self.burst_used
+            out["burst_used"] = {"periods": round(periods), "seconds": round(seconds, 3)}
         if self.series is not None:
             out.update(series_json(self.series))
         return out
