@@ -9,6 +9,7 @@ from enum import StrEnum
 import numpy as np
 import numpy.typing as npt
 
+from unthrottle.cfs.backlog import Backlog
 from unthrottle.cfs.settings import DEFAULT_PERIOD_US, MIN_QUOTA_US
 
 
@@ -137,6 +138,13 @@ class PeriodEvidence:
     rebuilt as 50,000 windows); None when ``demand_us`` is every period observed."""
     waits: Waits | None = None
     """Where the threads waited, when it was measured (the demand then includes it)."""
+    in_order: bool = True
+    """``demand_us`` is in the order it happened (False: rebuilt from a histogram, whose
+    windows were shuffled)."""
+    backlog: Backlog | None = None
+    """The order the histogram lost, where the agent exported it: how often the demand
+    above a few levels, carried from window to window, passed a few thresholds
+    (:mod:`unthrottle.cfs.backlog`). A burst is offered only where it bounds the ratio."""
 
     @property
     def periods(self) -> int:
