@@ -53,9 +53,11 @@ class BacklogFold:
     carrying some are a prefix: a window updates them and the first level it clears, no more.
     """
 
-    __slots__ = ("_drains", "_edges", "above", "active", "backlog", "carrying")
+    __slots__ = ("_drains", "_edges", "above", "active", "backlog", "carrying", "window_us")
 
     def __init__(self, window_us: int) -> None:
+        self.window_us = window_us
+        """The windows' length, µs."""
         self._drains = drains_us(window_us)
         self._edges = tuple(tuple(round(over * d) for over in OVER_QUOTAS) for d in self._drains)
         self.backlog = [0] * len(LEVELS_MILLICORES)
@@ -108,8 +110,9 @@ class BacklogFold:
         while self.carrying and self.backlog[self.carrying - 1] == 0:
             self.carrying -= 1
 
-    def snapshot(self, window_us: int) -> Backlog:
+    def snapshot(self) -> Backlog:
         """The counts so far, as the engine reads them."""
+        window_us = self.window_us
         above = {(level, over): float(self.above[k][j])
                  for k, level in enumerate(LEVELS_MILLICORES)
                  for j, over in enumerate(OVER_QUOTAS)}  # fmt: skip
@@ -121,7 +124,7 @@ def fold(demand_us: object, window_us: int) -> Backlog:
     acc = BacklogFold(window_us)
     for d in demand_us:  # type: ignore[attr-defined]
         acc.observe(int(d))
-    return acc.snapshot(window_us)
+    return acc.snapshot()
 
 
 @dataclass(frozen=True, slots=True)
