@@ -68,7 +68,7 @@ from unthrottle.metrics.evidence import (
     owners_of,
     split_namespaces,
 )
-from unthrottle.metrics.promql import BY_CONTAINER, RECORDED, namespaces_matcher, selector
+from unthrottle.metrics.promql import RECORDED, grouping, namespaces_matcher, selector
 from unthrottle.metrics.source import MetricsSource, RangeSeries
 from unthrottle.model.owners import Owners
 
@@ -116,7 +116,7 @@ def range_queries(
         left_open = f"{max(1, plan.step_ms - 1)}ms"  # (t − step, t]: see the module's docstring
         evidence = {}
         for name in EVIDENCE_QUERIES:
-            by = f"{BY_CONTAINER}, le" if name == "histogram" else BY_CONTAINER
+            by = grouping(name)
             total = f"sum_over_time({selector(RECORDED[name], ns)}[{left_open}])"
             evidence[name] = f"sum by ({by}) ({total})"
     else:
