@@ -229,13 +229,13 @@ def peaks_final(scenario: str, view: str) -> list[dict[str, Any]]:
 
 
 def peaks(scenario: str, view: str, key: str) -> str:
-    """One figure of those runs, as the docs quote it: ``1,810m``, ``44 ms``, ``55 %``."""
+    """One figure of those runs, as the docs quote it: ``1,810m``, ``44 ms``, ``55.0 %``."""
     values = [f[key] for f in peaks_final(scenario, view)]
     if key == "limit_millicores":
         return span(values, 0, "m")
     if key == "burst_us":
         return span([v / 1000 for v in values], 0, " ms")
-    return span([v * 100 for v in values], 0, " %")
+    return span([v * 100 for v in values], 1, " %")
 
 
 def peaks_rows() -> list[str]:
