@@ -11,6 +11,7 @@ import pytest
 from unthrottle.agent.sampling import BUCKETS_CORES
 from unthrottle.cfs import Bandwidth, simulate_series, trace_series
 from unthrottle.cfs.backlog import LEVELS_MILLICORES, OVER_QUOTAS, BacklogFold, fold
+from unthrottle.lab.agentview import View, as_read
 from unthrottle.recommend import Current, PeriodEvidence, Policy, Strategy, recommend
 from unthrottle.recommend.engine import ORDER_UNKNOWN
 from unthrottle.recommend.histogram import evidence_from_histogram
@@ -123,3 +124,15 @@ def test_more_backlog_never_gives_a_smaller_limit(strategy: Strategy) -> None:
     a = recommend(base, Current(250), policy).limit_millicores
     b = recommend(worse, Current(250), policy).limit_millicores
     assert a is not None and b is not None and b >= a
+
+
+@pytest.mark.parametrize("view", list(View))
+def test_lab_tune_reads_a_run_as_the_operator_would(view: View) -> None:
+    # the lab's in-order samples, seen through the agent's exports (or not)
+    in_order = PeriodEvidence(clustered(), W, observed_throttle_ratio=0.9)
+    seen = as_read(in_order, view)
+    rec = recommend(seen, Current(1000), Policy())
+    assert seen.observed_throttle_ratio == 0.9
+    assert seen.in_order is (view is View.SEQUENCE)
+    assert (seen.backlog is not None) is (view is View.AGENT)
+    assert (rec.burst_us > 0) is (view is View.HISTOGRAM)

@@ -169,3 +169,13 @@ def test_peaks_that_stand_apart_keep_a_burst_and_meet_the_target() -> None:
     assert final["recommendation"]["burst_us"] > 0
     assert final["after"]["throttle_ratio"] <= MET
     assert final["recommendation"]["limit_millicores"] <= 400  # the 0.215 core it averages
+
+
+def test_an_unknown_evidence_view_is_refused_naming_the_option() -> None:
+    scenario = ROOT / "scenarios" / "seed-002-burst.yaml"
+    out = subprocess.run(
+        [str(UNTHROTTLE), "lab", "tune", "--evidence", "raw", str(scenario)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert "--evidence" in out.stderr and "agent" in out.stderr
