@@ -148,11 +148,15 @@ def test_peaks_in_runs_of_seconds_get_a_limit_that_covers_them_and_no_burst() ->
     result = tune_as_the_operator_reads("tune-batch-runs")
     assert result["before"]["throttle_ratio"] > 0.5
     rec = result["recommendation"]
-    assert rec["burst_us"] == 0
+    assert rec["burst_us"] == 0 and rec["limit_millicores"] >= 2000  # the two busy cores
     assert any("does not show that a burst" in r for r in rec["reasons"])
-    final = result["refined"] or {"recommendation": rec, "after": result["after"]}
-    assert final["recommendation"]["burst_us"] == 0
-    assert final["after"]["throttle_ratio"] <= MET
+    assert result["after"]["throttle_ratio"] <= MET
+    if result["refined"]:
+        # refined from the unthrottled run: still a limit over the two busy cores (a burst
+        # may sit on top of it, for windows the histogram's 2-2.5 bucket reads above them)
+        refined = result["refined"]
+        assert refined["recommendation"]["limit_millicores"] >= 2000
+        assert refined["after"]["throttle_ratio"] <= MET
 
 
 @pytest.mark.kernel
@@ -164,11 +168,11 @@ def test_peaks_that_stand_apart_keep_a_burst_and_meet_the_target() -> None:
     result = tune_as_the_operator_reads("seed-002-burst")
     rec = result["recommendation"]
     assert rec["burst_us"] > 0
+    assert rec["limit_millicores"] <= 400  # the 0.215 core it averages, and a burst
     assert not any("order of the windows is unknown" in r for r in rec["reasons"])
-    final = result["refined"] or {"recommendation": rec, "after": result["after"]}
-    assert final["recommendation"]["burst_us"] > 0
-    assert final["after"]["throttle_ratio"] <= MET
-    assert final["recommendation"]["limit_millicores"] <= 400  # the 0.215 core it averages
+    assert result["after"]["throttle_ratio"] <= MET
+    if result["refined"]:
+        assert result["refined"]["after"]["throttle_ratio"] <= MET
 
 
 def test_an_unknown_evidence_view_is_refused_naming_the_option() -> None:
