@@ -163,7 +163,13 @@ def recommend(evidence: Evidence, current: Current, policy: Policy) -> Recommend
     draft = _order_unknown(draft, evidence)
     uncapped = rounded(draft).limit  # what the evidence asks for, before bounds and steps
     ratio = _current_ratio(evidence, current)
-    draft = _waited(draft, evidence, current, policy, ratio)
+    waited = _waited(draft, evidence, current, policy, ratio)
+    if (isinstance(evidence, PeriodEvidence) and evidence.backlog is not None
+            and waited.limit != draft.limit and waited.limit is not None
+            and policy.strategy is not Strategy.LIMIT_ONLY):  # fmt: skip
+        # the burst was sized at the limit before; the backlog's word holds at this one only
+        waited = burst_for_target(waited, evidence, policy.target_ratio)
+    draft = waited
     draft = _finished(draft, policy, current)
     lower = _lower_limit(evidence, current, policy, ratio)
     if lower is not None and draft.limit is not None and lower < draft.limit:
