@@ -12,6 +12,7 @@ from unthrottle.agent.discovery import Found
 from unthrottle.agent.exposition import render
 from unthrottle.agent.sampling import BUCKETS_CORES, Sampler, Series
 from unthrottle.cfs import Bandwidth
+from unthrottle.cfs.backlog import LEVELS_MILLICORES, OVER_QUOTAS, BacklogFold
 from unthrottle.cgroups import Cgroup, CpuStat, Layout, Version
 from unthrottle.cgroups.counters import CounterReader, Vanished
 
@@ -147,3 +148,21 @@ def test_idle_windows_count_as_zero_and_nothing_is_lost_when_the_cgroup_runs(
             child.wait()
         sampler.close()
         cg.remove()
+
+
+def test_the_backlog_series_count_windows_in_runs_and_parse_back(tmp_path: Path) -> None:
+    layout = v2_cgroup(tmp_path, "a", STAT)
+    s = series(layout, "a", "p")
+    s.backlog = BacklogFold(100_000)
+    for _ in range(3):  # three windows in a row at 1.5 cores
+        s._record(1.5, keep=10)
+    s.catch_up(s.accounted + 2, 0, keep=10)  # then two quiet ones
+    families = {f.name: f for f in text_string_to_metric_families(render([s]).decode())}
+    above = {(x.labels["level"], x.labels["over"]): x.value
+             for x in families["unthrottle_cpu_demand_backlog_windows"].samples}  # fmt: skip
+    assert len(above) == len(LEVELS_MILLICORES) * len(OVER_QUOTAS)
+    # above 1 core the backlog is 50, 100, 150 ms, then 50 ms in the first quiet window
+    assert above[("1", "0")] == 4 and above[("1", "0.5")] == 2 and above[("1", "1")] == 1
+    assert above[("2", "0")] == 0 and above[("0.1", "2")] == 5
+    assert families["unthrottle_cpu_active_windows"].samples[0].value == 3
+    s.reader.close()

@@ -310,7 +310,7 @@ def test_five_minute_reads_folded_recommend_what_a_fresh_full_read_does(
         start, end = agg.next_read(now)
         before = source.queries
         slots = fetch_slots(source, [], start, end, slot_s=agg.slot_s, owners=owners)
-        assert source.queries - before == 8
+        assert source.queries - before == 9
         assert len(slots) == (24 if k == 0 else 1)
         for slot in slots:
             agg.fold(slot)

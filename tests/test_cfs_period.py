@@ -227,14 +227,14 @@ def test_the_period_rides_in_the_limits_query_so_the_batch_is_no_bigger(world: W
     owners = world.store().pod_owners(mixed)
     before = world.source.queries
     found = fetch(world.source, mixed, HOUR, at=world.end, owners=owners)
-    assert world.source.queries - before == 8  # with owners from the API, as ever
+    assert world.source.queries - before == 9  # with owners from the API, as ever
     assert [(i.agent_periods_us, i.limit_millicores) for i in found.values()] == [
         ({50_000, 100_000}, 500)]  # fmt: skip
     before = world.source.queries  # the operator's range queries: a period at every step
     slots = fetch_slots(
         world.source, mixed, world.end - HOUR, world.end, slot_s=1200, owners=owners
     )
-    assert world.source.queries - before == 8
+    assert world.source.queries - before == 9
     assert [[i.agent_periods_us for i in s.evidence.values()] for s in slots] == [
         [{50_000, 100_000}]] * 3  # fmt: skip
 

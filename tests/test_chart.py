@@ -615,7 +615,7 @@ def test_the_agents_cpu_is_sized_from_its_measured_cost_and_never_throttles_it()
     resources = container(render(), "DaemonSet")["resources"]
     request = millicores(resources["requests"]["cpu"])
     limit = millicores(resources["limits"]["cpu"])
-    # docs/benchmarks.md §5: 1.29–1.40 % of a core sampling 200 containers every 100 ms.
+    # docs/benchmarks.md §5: 1.43–1.63 % of a core sampling 200 containers every 100 ms.
     assert 16 <= request <= 100
     # A scrape, a pod list, a discovery walk and a sampling pass can fall in one 100 ms
     # period: the quota per period (limit/1000 × 100 ms) leaves tens of ms for them.

@@ -243,10 +243,64 @@ def demo_rows() -> list[str]:
     return rows
 
 
+def peaks_first(scenario: str, view: str) -> list[dict[str, Any]]:
+    """The first recommendation of each ``bench/clustered_peaks.py`` run (from today's
+    throttled run, as the operator makes it), and the kernel's run under it."""
+    return [r["recommendation"] for r in results("clustered-peaks.json")["runs"]
+            if (r["scenario"], r["view"]) == (scenario, view)]  # fmt: skip
+
+
+def peaks(scenario: str, view: str, key: str) -> str:
+    """One figure of those runs, as the docs quote it: ``1,810m``, ``44 ms``, ``55.0 %``."""
+    values = [f[key] for f in peaks_first(scenario, view)]
+    if key == "limit_millicores":
+        return span(values, 0, "m")
+    if key == "burst_us":
+        return span([v / 1000 for v in values], 0, " ms")
+    return span([v * 100 for v in values], 1, " %")
+
+
+def peaks_rows() -> list[str]:
+    def cell(f: dict[str, Any] | None) -> str:
+        if f is None:
+            return "– | – | –"
+        return (f"{f['limit_millicores']}m + {f['burst_us'] / 1000:g} ms | "
+                f"{f['expected_throttle_ratio']:.3f} | {f['kernel_throttle_ratio']:.2f} "
+                f"({f['nr_throttled']} of {f['nr_periods']})")  # fmt: skip
+
+    return [f"| {r['scenario']} | {r['view']} | {r['before_throttle_ratio']:.2f} | "
+            f"{cell(r['recommendation'])} | {cell(r['refined'])} |"
+            for r in results("clustered-peaks.json")["runs"]]  # fmt: skip
+
+
+def test_the_peaks_table_is_the_saved_runs() -> None:
+    missing = [row for row in map(" ".join, map(str.split, peaks_rows())) if row not in section(4)]
+    assert not missing, "docs/benchmarks.md §4 should hold:\n" + "\n".join(missing)
+
+
 Quote = tuple[str, str, Callable[[], object]]
 """(document, text with ``{}`` where the figure goes, the figure)."""
 
 QUOTES: list[Quote] = [
+    # peaks in runs against peaks apart (§4, README "Limits")
+    ("README.md", "sized from the histogram alone, got {} with",
+     lambda: peaks("tune-batch-runs", "histogram", "limit_millicores")),
+    ("README.md", "with a {} burst, expected",
+     lambda: peaks("tune-batch-runs", "histogram", "burst_us")),
+    ("README.md", "expected {}, and the kernel throttled",
+     lambda: peaks("tune-batch-runs", "histogram", "expected_throttle_ratio")),
+    ("README.md", "the kernel throttled {} of its periods",
+     lambda: peaks("tune-batch-runs", "histogram", "kernel_throttle_ratio")),
+    ("README.md", "with the backlog series, {} and no burst",
+     lambda: peaks("tune-batch-runs", "agent", "limit_millicores")),
+    ("README.md", "and no burst, {} throttled",
+     lambda: peaks("tune-batch-runs", "agent", "kernel_throttle_ratio")),
+    ("README.md", "seed 002's scattered peaks kept a {} burst",
+     lambda: peaks("seed-002-burst", "agent", "burst_us")),
+    ("README.md", "burst at {}, ",
+     lambda: peaks("seed-002-burst", "agent", "limit_millicores")),
+    ("README.md", "and were {} throttled",
+     lambda: peaks("seed-002-burst", "agent", "kernel_throttle_ratio")),
     # the agent's cost: §5, README, install.md and the chart's test quote the same runs
     ("docs/benchmarks.md", "With 10 of 200 containers running: **{}** of one core",
      agent_cost_running),
@@ -789,6 +843,7 @@ SOURCES = {  # results file → the script that writes it, and the section that 
     "late-readings.json": ("bench/late_readings.py", 3),
     "pod-quota.json": ("bench/pod_quota.py", 3),
     "pod-wait.json": ("bench/pod_wait.py", 4),
+    "clustered-peaks.json": ("bench/clustered_peaks.py", 4),
     "open-pool-load.json": ("bench/open_pool_load.py", 3),
 }
 

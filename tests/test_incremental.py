@@ -182,7 +182,7 @@ class TestTheFirstRead:
         slots = fetch_slots(source, [], now - DAY, now, slot_s=HOUR, owners=owners,
                             on_query=heard_by_slots.append)  # fmt: skip
         assert sent_by_fetch == source.queries - before - sent_by_fetch
-        assert sent_by_fetch == (QUERIES_WITH_OWNERS if with_owners else 8)
+        assert sent_by_fetch == (QUERIES_WITH_OWNERS if with_owners else 9)
         assert heard_by_slots == heard
         assert [(s.start, s.end) for s in slots] == [
             (now - DAY + k * HOUR, now - DAY + (k + 1) * HOUR) for k in range(24)

@@ -11,6 +11,7 @@ from prom import PrometheusServer, requires_prometheus
 from unthrottle.metrics.evidence import QUERIES_WITH_OWNERS, WorkloadKey, fetch, queries
 from unthrottle.metrics.source import MetricsError, PrometheusConfig, PrometheusSource
 from unthrottle.recommend import Current, Policy, Strategy, recommend
+from unthrottle.recommend.engine import ORDER_UNKNOWN
 
 pytestmark = requires_prometheus
 HOUR = 3600
@@ -32,6 +33,15 @@ def gauge(lines: list[str], name: str, labels: str, value: float, now: int,
     """A gauge from an hour ago until ``stop`` seconds into the hour."""
     for ago in range(HOUR, HOUR - stop - 1, -STEP):
         lines.append(f"{name}{{{labels}}} {value} {now - ago}")
+
+
+LEVELS = ("0.1", "0.25", "0.5", "1", "2", "4", "8")
+OVERS = ("0", "0.25", "0.5", "1", "2")
+API_BACKLOG = {(level, over): 0 for level in LEVELS for over in OVERS}
+API_BACKLOG.update({(level, over): 10 for level in ("0.1", "0.25") for over in OVERS})
+API_BACKLOG.update({("0.5", "0"): 4, ("0.5", "0.25"): 3, ("0.5", "0.5"): 2, ("0.5", "1"): 1})
+API_BACKLOG[("1", "0")] = 1
+"""Windows per second whose backlog above a level (cores) passed a threshold (quotas)."""
 
 
 def history(now: int) -> str:
@@ -70,6 +80,11 @@ def history(now: int) -> str:
         for le, per_s in cumulative.items():
             series(lines, "unthrottle_cpu_demand_cores_bucket", f'{labels},le="{le}"', per_s, now,
                    stop=stop)  # fmt: skip
+        # … and its backlog: the 1.1-core window stands apart, the bucket refills after it
+        for (level, over), per_s in API_BACKLOG.items():
+            series(lines, "unthrottle_cpu_demand_backlog_windows_total",
+                   f'{labels},level="{level}",over="{over}"', per_s, now, stop=stop)  # fmt: skip
+        series(lines, "unthrottle_cpu_active_windows_total", labels, 10, now, stop=stop)
     # batch: cAdvisor only, steady 1.8 cores, hardly throttled
     labels = 'namespace="shop",pod="batch-1-x",container="main"'
     series(lines, "container_cpu_usage_seconds_total", labels, 1.8, now)
@@ -83,13 +98,13 @@ def history(now: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def test_deployments_get_their_evidence_in_ten_queries(tmp_path: Path) -> None:
+def test_deployments_get_their_evidence_in_eleven_queries(tmp_path: Path) -> None:
     now = int(time.time())
     with PrometheusServer(tmp_path, openmetrics=history(now)) as prom:
         source = PrometheusSource(PrometheusConfig(prom.url))
         announced: list[str] = []
         found = fetch(source, ["shop"], 3600, at=now, on_query=announced.append)
-    assert source.queries == 10 == len(announced)
+    assert source.queries == 11 == len(announced)
     assert "container_cpu_cfs_periods_total" in announced
     assert set(found) == {WorkloadKey("shop", "api", "api"), WorkloadKey("shop", "batch", "main"),
                           WorkloadKey("shop", "idle", "web")}  # fmt: skip
@@ -121,6 +136,15 @@ def test_deployments_get_their_evidence_in_ten_queries(tmp_path: Path) -> None:
     for rec in (alone, auto):
         assert rec.expected_throttle_ratio is not None and rec.expected_throttle_ratio <= 0.05
         assert rec.current_throttle_ratio == pytest.approx(0.5, abs=0.02)
+
+    # The backlog series came back through Prometheus, summed over the pods (two for the
+    # hour, one for half of it), and the burst stands: they say the peak stands apart.
+    assert api.active_windows == pytest.approx(10 * 2.5 * HOUR, rel=0.02)
+    assert api.backlog[(500, 1.0)] == pytest.approx(2.5 * HOUR, rel=0.02)
+    assert api.backlog[(8000, 0.0)] == 0 and len(api.backlog) == 35
+    assert evidence.backlog is not None
+    assert ORDER_UNKNOWN not in auto.reasons and auto.burst_us > 0
+    assert batch.backlog == {} and batch.active_windows is None
 
 
 def test_agent_counters_fill_in_where_cadvisor_has_none(tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ def test_the_rules_are_valid_for_prometheus(tmp_path: Path) -> None:
     out = subprocess.run(["promtool", "check", "rules", str(rules(tmp_path))],
                          capture_output=True, text=True, check=False)  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "6 rules found" in out.stdout
+    assert "7 rules found" in out.stdout
 
 
 @pytest.fixture(scope="module")

@@ -39,6 +39,7 @@ from unthrottle.agent.discovery import Found, NotFound
 from unthrottle.agent.files import OUT_OF_FILES
 from unthrottle.agent.gating import UsagePass, gate_paths, plan
 from unthrottle.agent.settings import AgentSettings
+from unthrottle.cfs.backlog import BacklogFold
 from unthrottle.cfs.settings import Bandwidth
 from unthrottle.cgroups import CgroupError, CpuStat, Layout
 from unthrottle.cgroups.counters import CounterReader, UsageReader, Vanished, usage_read_size
@@ -112,6 +113,9 @@ class Series:
     total: int = 0
     sum_cores: float = 0.0
     recent: collections.deque[float] = field(default_factory=collections.deque)
+    backlog: BacklogFold | None = None
+    """The demand above a few levels, carried from window to window (the order the
+    histogram loses: :mod:`unthrottle.cfs.backlog`)."""
     accounted: int = 0
     """Sampler windows accounted in the histogram so far. A window in which the cgroup did
     not run (its usage read unchanged, or a gate above it did) does not touch the series
@@ -138,6 +142,8 @@ class Series:
         zeros = missed - len(late)
         self.counts[0] += zeros
         self.total += zeros
+        if self.backlog is not None:
+            self.backlog.idle(zeros)
         recent = self.recent
         recent.extend([0.0] * min(zeros, keep))
         while len(recent) > keep:
@@ -160,6 +166,8 @@ class Series:
     def _record(self, demand: float, keep: int) -> None:
         """Count one window's demand (cores) in the histogram and the trailing peak."""
         self.counts[bisect.bisect_left(BUCKETS_CORES, demand)] += 1
+        if self.backlog is not None:
+            self.backlog.observe(round(demand * self.backlog.window_us))
         self.total += 1
         self.sum_cores += demand
         recent = self.recent
@@ -308,7 +316,8 @@ class Sampler:
             reader.close()
             return None
         series = Series(item, reader, bandwidth, demand, self.clock(), start,
-                        last_throttled_us=start.throttled_us)  # fmt: skip
+                        last_throttled_us=start.throttled_us,
+                        backlog=BacklogFold(self.period_ns // 1000))  # fmt: skip
         if self.settings.measure_wait:
             series.wait_measured = True
             series.waits = self._waits(path)

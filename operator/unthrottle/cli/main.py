@@ -40,6 +40,7 @@ from unthrottle.cli.output import print_json, print_table, print_tune
 from unthrottle.cli.recommend_cmd import prometheus_rules_command, recommend_command
 from unthrottle.cli.report_cmd import report_command
 from unthrottle.cli.text import plain, styled
+from unthrottle.lab.agentview import View
 from unthrottle.lab.kernel import kernel_hz
 from unthrottle.lab.looping import loop
 from unthrottle.lab.processes import LabError
@@ -225,6 +226,15 @@ def lab_tune(
     ] = True,
     isolate: IsolateFlag = False,
     pin: PinFlag = False,
+    evidence: Annotated[
+        View,
+        typer.Option(
+            case_sensitive=False,
+            help="Recommend from the samples in order "
+            "(sequence), or as the operator reads them: the agent's histogram and "
+            "backlog series (agent), or its histogram alone (histogram).",
+        ),
+    ] = View.SEQUENCE,
 ) -> None:
     """Measure today's settings, recommend, and prove the result on this kernel."""
     try:
@@ -249,7 +259,7 @@ def lab_tune(
 
     with _lab_session("lab tune") as layout:
         result = tune(scenario, layout, policy, LabOptions(isolate=isolate, pin=pin),
-                      with_baselines=baselines, on_step=step)  # fmt: skip
+                      with_baselines=baselines, on_step=step, view=evidence)  # fmt: skip
     if json:
         print(dumps(result.to_json()), flush=True)
     else:

@@ -19,6 +19,7 @@ from typing import Any
 
 from unthrottle.cfs.figures import RunFigures
 from unthrottle.cgroups import Layout
+from unthrottle.lab.agentview import View, as_read
 from unthrottle.lab.runner import LabOptions, run_run, run_sampled
 from unthrottle.lab.sampling import PeriodSamples
 from unthrottle.model.scenario import RunSpec, Scenario
@@ -154,8 +155,12 @@ def tune(
     *,
     with_baselines: bool = True,
     on_step: Callable[[str], None] | None = None,
+    view: View = View.SEQUENCE,
 ) -> TuneResult:
-    """Measure, recommend, and re-measure under the recommendation and the baselines."""
+    """Measure, recommend, and re-measure under the recommendation and the baselines.
+
+    ``view``: recommend from the samples in order, or from what the operator would read of
+    them (:mod:`unthrottle.lab.agentview`)."""
     say = on_step or (lambda _: None)
     options = options or LabOptions()
     workload = scenario.workload.to_workload()
@@ -163,7 +168,7 @@ def tune(
     say(f"measuring today's settings ({first.label()}), sampling every period")
     before, samples = run_sampled(workload, first, layout, options)
     current = current_of(first)
-    evidence = evidence_of(samples, throttle_ratio(before))
+    evidence = as_read(evidence_of(samples, throttle_ratio(before)), view)
     others = first.other_threads
     pod = first.pod_quota
     rec = recommend(evidence, current, policy)
@@ -175,7 +180,7 @@ def tune(
     refined = None
     censored = throttle_ratio(before) > policy.target_ratio
     if censored and throttle_ratio(after) <= policy.target_ratio:
-        evidence = evidence_of(after_samples, throttle_ratio(after))
+        evidence = as_read(evidence_of(after_samples, throttle_ratio(after)), view)
         now = Current(rec.limit_millicores, period_us=current.period_us, burst_us=rec.burst_us)
         second = recommend(evidence, now, policy)
         changed = (second.limit_millicores, second.burst_us) != (rec.limit_millicores, rec.burst_us)

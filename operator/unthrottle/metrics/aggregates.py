@@ -31,7 +31,10 @@ thousand times finer than the ±1 % Prometheus's ``increase`` extrapolation
 already has, and they halve the checkpoint. Slots are summed in float64.
 Histogram buckets are kept as per-bucket increases (not cumulative), so an
 idle container's slot is one non-zero bucket, not 28 equal ones; the evidence
-is cumulative again.
+is cumulative again. The agent's backlog series and its active windows ride in
+the same columns under negative "bounds" (:func:`columns_of`), which sort before
+the histogram's: a difference and a running sum are linear, so any column comes
+back exactly, and a checkpoint written before them reads as it did.
 
 The checkpoint (:meth:`WindowAggregates.to_bytes`) is versioned, checked by
 CRC-32, zlib-compressed, and sparse: a bit per number says whether it is zero,
@@ -85,6 +88,42 @@ operator reads the whole window once, then checkpoints in format 3."""
 _HEAD = struct.Struct(">8sHI")  # magic, format, CRC-32 of the compressed body
 
 Matrix = npt.NDArray[np.float32]
+
+
+_ACTIVE = -0.5
+"""The column code of the agent's active windows (the backlog's denominator)."""
+
+
+def _code(level: int, over: float) -> float:
+    """The column code of a backlog series: a negative integer, exact in float64."""
+    return -float(1 + level * 1000 + round(over * 100))
+
+
+def columns_of(item: ContainerEvidence) -> dict[float, float]:
+    """The histogram's buckets, and the backlog's series and active windows under codes."""
+    if not item.backlog and item.active_windows is None:
+        return item.buckets
+    out = {_code(level, over): count for (level, over), count in item.backlog.items()}
+    if item.active_windows is not None:
+        out[_ACTIVE] = item.active_windows
+    out.update(item.buckets)
+    return out
+
+
+def _apart(
+    columns: dict[float, float],
+) -> tuple[dict[float, float], dict[tuple[int, float], float], float | None]:
+    """:func:`columns_of` undone: buckets, backlog, active windows."""
+    buckets, backlog, active = {}, {}, None
+    for code, value in columns.items():
+        if code >= 0:
+            buckets[code] = value
+        elif code == _ACTIVE:
+            active = value
+        else:
+            n = round(-code) - 1
+            backlog[(n // 1000, (n % 1000) / 100)] = value
+    return buckets, backlog, active
 
 
 def slot_seconds(window_s: int) -> int:
@@ -248,7 +287,9 @@ class WindowAggregates:
             if self._seen[row] < first:
                 continue
             values = total[row].tolist()
-            buckets = {self._bounds[j]: values[_C + j] for j in np.flatnonzero(self._present[row])}
+            buckets, backlog, active = _apart(
+                {self._bounds[j]: values[_C + j] for j in np.flatnonzero(self._present[row])}
+            )
             found[key] = ContainerEvidence(
                 key,
                 pods={pod for pod, index in self._pods[row].items() if index >= first},
@@ -263,6 +304,8 @@ class WindowAggregates:
                 burst_periods=values[8] if values[10] else None,
                 burst_s=values[9] if values[10] else None,
                 buckets=buckets,
+                backlog=backlog,
+                active_windows=active,
                 limit_millicores=self._limits[row],
                 request_millicores=self._requests[row],
                 agent_periods_us=set(self._periods[row]),
@@ -331,7 +374,7 @@ class WindowAggregates:
     def _add_bounds(self, items: list[ContainerEvidence]) -> None:
         """Give every bucket bound these items have a column (kept in order)."""
         known = set(self._bounds)
-        for bound in sorted({b for item in items for b in item.buckets} - known):
+        for bound in sorted({b for item in items for b in columns_of(item)} - known):
             at = bisect_left(self._bounds, bound)
             self._bounds.insert(at, bound)
             for index, matrix in self._slots.items():
@@ -351,7 +394,7 @@ class WindowAggregates:
                    item.wait_s or 0.0, item.pod_throttled_periods, item.pod_throttled_s,
                    item.pressure_s or 0.0, item.burst_periods or 0.0, item.burst_s or 0.0,
                    float(item.burst_periods is not None)]  # fmt: skip
-            buckets = item.buckets
+            buckets = columns_of(item)
             if buckets:
                 running = 0.0  # a bound this item lacks repeats the one below: no increase
                 for bound in bounds:

@@ -1,7 +1,7 @@
 """Evidence per Deployment container, from Prometheus, in a fixed number of queries.
 
-For a selection of namespaces, ten queries in all, whatever the number of
-pods (eight when the caller has the owners from the Kubernetes API and leaves out
+For a selection of namespaces, eleven queries in all, whatever the number of
+pods (nine when the caller has the owners from the Kubernetes API and leaves out
 the first two; ``recommend`` adds one for the recording rules' coverage):
 - pod → ReplicaSet and ReplicaSet → Deployment (kube-state-metrics'
   ``kube_pod_owner``, ``kube_replicaset_owner``);
@@ -12,6 +12,9 @@ the first two; ``recommend`` adds one for the recording rules' coverage):
   along in the same query, labelled ``source="psi"``. Each reads the containers and their
   pods' own cgroups (``container=""``) together: the pod level costs no query;
 - the agent's demand histogram (``unthrottle_cpu_demand_cores_bucket``);
+- the agent's backlog series and active windows, in one query
+  (``unthrottle_cpu_demand_backlog_windows_total … or unthrottle_cpu_active_windows_total``):
+  the order of the windows, which the histogram loses (:mod:`unthrottle.cfs.backlog`);
 - today's CPU limits and requests (``kube_pod_container_resource_*``); the limits
   query also brings the agent's CFS period gauge (``… or
   unthrottle_cpu_cfs_period_seconds``), which costs no query of its own.
@@ -50,9 +53,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple, Protocol, TypeVar
 
+from unthrottle.cfs.backlog import Backlog
 from unthrottle.cfs.settings import DEFAULT_PERIOD_US, MAX_PERIOD_US, MIN_PERIOD_US
 from unthrottle.metrics.promql import (
+    ACTIVE_COUNTER,
+    BACKLOG_COUNTER,
     BURST_SOURCE,
+    BY_BACKLOG,
     BY_CONTAINER,
     CONTAINERS,
     PERIOD_GAUGE,
@@ -109,6 +116,12 @@ class ContainerEvidence:
     """CPU time it used above its quota on its burst, seconds (``…_burst_seconds_total``)."""
     buckets: dict[float, float] = field(default_factory=dict)
     """Agent histogram: upper bound (cores) → cumulative windows, summed over pods."""
+    backlog: dict[tuple[int, float], float] = field(default_factory=dict)
+    """Agent backlog series: (level in millicores, threshold in quotas of the level) →
+    windows above it, summed over pods (:mod:`unthrottle.cfs.backlog`); empty from an
+    agent without them."""
+    active_windows: float | None = None
+    """Windows with demand (the backlog's denominator); None without the backlog series."""
     limit_millicores: int | None = None
     request_millicores: int = 0
     gomaxprocs_env: int | None = None
@@ -187,10 +200,15 @@ class ContainerEvidence:
         }
 
     def period_evidence(self, period_us: int = DEFAULT_PERIOD_US) -> PeriodEvidence:
-        """Period-level evidence rebuilt from the agent's histogram."""
+        """Period-level evidence rebuilt from the agent's histogram, with the order the
+        backlog series keep where the agent exports them. Like the histogram's windows, the
+        backlog's are read as CFS periods (a level's quota is level × period)."""
         evidence = evidence_from_histogram(*self._histogram(), period_us=period_us)
+        backlog = None
+        if self.backlog and self.active_windows is not None:
+            backlog = Backlog(period_us, self.active_windows, dict(self.backlog))
         return replace(evidence, observed_throttle_ratio=self.throttle_ratio(), waits=self.waits(),
-                       pod_throttled_s=self.pod_throttled_s)  # fmt: skip
+                       pod_throttled_s=self.pod_throttled_s, backlog=backlog)  # fmt: skip
 
     def _histogram(self) -> tuple[list[float], list[float]]:
         """Bucket bounds in order, and their cumulative counts."""
@@ -207,8 +225,8 @@ class Slot(NamedTuple):
     evidence: dict[WorkloadKey, ContainerEvidence]
 
 
-QUERIES_WITH_OWNERS = 10
-"""Queries :func:`fetch` sends when it must ask kube-state-metrics for owners (8 otherwise)."""
+QUERIES_WITH_OWNERS = 11
+"""Queries :func:`fetch` sends when it must ask kube-state-metrics for owners (9 otherwise)."""
 CONCURRENCY = 3
 """Queries in flight at once: Prometheus evaluates them in parallel while this process
 decodes the last answer. Prometheus's own default limit is 20 (``--query.max-concurrency``)."""
@@ -223,7 +241,7 @@ _COUNTER_FIELDS = {  # query name → ContainerEvidence field
 }
 
 
-EVIDENCE_QUERIES = (*_COUNTER_FIELDS, "histogram")
+EVIDENCE_QUERIES = (*_COUNTER_FIELDS, "histogram", "backlog")
 """The queries that read increases (the rest read owners and today's settings)."""
 
 
@@ -256,6 +274,10 @@ def increase_queries(namespaces: list[str], window: str) -> dict[str, str]:
     out = evidence_counter_queries(namespaces, window)
     bucket = selector("unthrottle_cpu_demand_cores_bucket", ns)
     out["histogram"] = f"sum by ({BY_CONTAINER}, le) (increase({bucket}[{window}]))"
+    backlog, active = selector(BACKLOG_COUNTER, ns), selector(ACTIVE_COUNTER, ns)
+    # one query: the active windows have no level label, so `or` keeps both
+    out["backlog"] = (f"sum by ({BY_BACKLOG}) (increase({backlog}[{window}])) "
+                      f"or sum by ({BY_CONTAINER}) (increase({active}[{window}]))")  # fmt: skip
     return out
 
 
@@ -450,6 +472,17 @@ def _bound(le: str | None) -> float | None:
         return None
 
 
+def _backlog_key(labels: dict[str, str]) -> tuple[int, float] | None:
+    """(level in millicores, threshold) of a backlog series; None for another series."""
+    try:
+        level, over = float(labels["level"]), float(labels["over"])
+    except (KeyError, ValueError):
+        return None
+    if not (math.isfinite(level) and math.isfinite(over)) or level <= 0:
+        return None
+    return round(level * 1000), over
+
+
 def _period_us(seconds: float) -> int | None:
     """The agent's period gauge in whole µs; None for a value no kernel would have."""
     if not math.isfinite(seconds):
@@ -609,6 +642,17 @@ def gather(
         for item, value in zip(items or (), values, strict=False):
             if math.isfinite(value):
                 item.buckets[bound] = item.buckets.get(bound, 0.0) + value
+
+    for labels, at, values in answer("backlog"):
+        items = evidence(labels, at)
+        key = _backlog_key(labels)
+        for item, value in zip(items or (), values, strict=False):
+            if not math.isfinite(value):
+                continue
+            if key is not None:
+                item.backlog[key] = item.backlog.get(key, 0.0) + value
+            elif "level" not in labels:
+                item.active_windows = (item.active_windows or 0.0) + value
 
     for name, attr in (("limits", "limit_millicores"), ("requests", "request_millicores")):
         for labels, at, values in answer(name):

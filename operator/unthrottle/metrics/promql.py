@@ -47,6 +47,12 @@ def selector(metric: str, *matchers: str) -> str:
 
 
 BY_CONTAINER = "namespace, pod, container"
+BY_BACKLOG = f"{BY_CONTAINER}, level, over"
+BACKLOG_COUNTER = "unthrottle_cpu_demand_backlog_windows_total"
+"""The agent's count of windows whose backlog above a level passed a threshold
+(:mod:`unthrottle.cfs.backlog`): the order of the windows, which the histogram loses."""
+ACTIVE_COUNTER = "unthrottle_cpu_active_windows_total"
+"""The agent's count of windows with demand: the backlog's denominator."""
 CONTAINERS = ('container!=""', 'container!="POD"')
 """cAdvisor's pod-level series have ``container=""`` (or ``POD``, the pause container)."""
 WITH_PODS = ('container!="POD"',)
@@ -190,6 +196,7 @@ RECORDED = {
     "throttled_seconds": "namespace_pod_container:cpu_cfs_throttled_seconds:increase5m",
     "wait_seconds": "namespace_pod_container:unthrottle_cpu_wait_seconds:increase5m",
     "histogram": "namespace_pod_container:unthrottle_cpu_demand_cores_bucket:increase5m",
+    "backlog": "namespace_pod_container:unthrottle_cpu_demand_backlog_windows:increase5m",
 }
 """Series unthrottle's recording rules write: each sample is the increase over the 5 minutes
 before it, so a window's total is their ``sum_over_time``."""
@@ -210,13 +217,25 @@ def recording_rules() -> dict[str, object]:
         "record": RECORDED["histogram"],
         "expr": f"sum by ({BY_CONTAINER}, le) (increase({bucket}[{RULE_INTERVAL}]))",
     })  # fmt: skip
+    backlog = selector(BACKLOG_COUNTER, 'container!=""')
+    active = selector(ACTIVE_COUNTER, 'container!=""')
+    rules.append({
+        "record": RECORDED["backlog"],
+        "expr": f"sum by ({BY_BACKLOG}) (increase({backlog}[{RULE_INTERVAL}])) "
+                f"or sum by ({BY_CONTAINER}) (increase({active}[{RULE_INTERVAL}]))",
+    })  # fmt: skip
     return {"groups": [{"name": "unthrottle", "interval": RULE_INTERVAL, "rules": rules}]}
 
 
 def recorded_by(name: str) -> str:
     """The labels a recorded series is summed by: its container's, and the histogram's
-    ``le`` or the counters' ``source`` (the series that ride along in them)."""
-    return f"{BY_CONTAINER}, le" if name == "histogram" else f"{BY_CONTAINER}, {SOURCE}"
+    ``le``, the backlog's ``level`` and ``over``, or the counters' ``source`` (the series
+    that ride along in them)."""
+    if name == "histogram":
+        return f"{BY_CONTAINER}, le"
+    if name == "backlog":
+        return BY_BACKLOG
+    return f"{BY_CONTAINER}, {SOURCE}"
 
 
 def recorded_query(name: str, namespaces: Iterable[str], window_s: int) -> str:

@@ -71,6 +71,12 @@ def _combine(a: ContainerEvidence, b: ContainerEvidence, sign: float) -> Contain
     bounds = set(a.buckets) | set(b.buckets)
     out.buckets = {k: max(0.0, a.buckets.get(k, 0.0) + sign * b.buckets.get(k, 0.0))
                    for k in bounds}  # fmt: skip
+    keys = set(a.backlog) | set(b.backlog)
+    out.backlog = {k: max(0.0, a.backlog.get(k, 0.0) + sign * b.backlog.get(k, 0.0))
+                   for k in keys}  # fmt: skip
+    if a.active_windows is not None or b.active_windows is not None:
+        out.active_windows = max(0.0, (a.active_windows or 0.0)
+                                 + sign * (b.active_windows or 0.0))  # fmt: skip
     out.limit_millicores = a.limit_millicores if a.limit_millicores is not None else (
         b.limit_millicores)  # fmt: skip
     out.request_millicores = a.request_millicores or b.request_millicores

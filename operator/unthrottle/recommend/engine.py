@@ -84,7 +84,12 @@ def _expected_ratio(evidence: Evidence, draft: Draft, period_us: int) -> float |
         return None if isinstance(evidence, CounterEvidence) else 0.0
     quota = quota_of(draft.limit, period_us)
     bandwidth = Bandwidth(quota, period_us, min(draft.burst_us, quota))
-    return round(simulate_series(evidence.demand_us, bandwidth).throttle_ratio, 4)
+    ratio = simulate_series(evidence.demand_us, bandwidth).throttle_ratio
+    if evidence.backlog is not None and bandwidth.burst_us:
+        # the shuffled windows refill the bucket between peaks; the backlog knows better
+        bound = evidence.backlog.ratio_at_most(draft.limit, bandwidth.burst_us)
+        ratio = max(ratio, 1.0 if bound is None else bound)
+    return round(ratio, 4)
 
 
 def _period_chain(evidence: PeriodEvidence, policy: Policy) -> Draft:
@@ -119,7 +124,8 @@ def _lower_limit(
         draft = Draft(today + ROUND_TO_MILLICORES, current.burst_us)
     else:
         quota = quota_of(today, evidence.period_us)
-        ran = replace(evidence, demand_us=np.minimum(evidence.demand_us, quota))
+        # the backlog is of the throttled demand too: the bottom assumes peaks stand apart
+        ran = replace(evidence, demand_us=np.minimum(evidence.demand_us, quota), backlog=None)
         draft = _period_chain(ran, policy)
         if policy.strategy is Strategy.LIMIT_ONLY and draft.limit is not None:
             # no burst: today's limit, with today's burst or more, was measured throttled
@@ -157,9 +163,16 @@ def recommend(evidence: Evidence, current: Current, policy: Policy) -> Recommend
         draft = counter_step(evidence, current, policy)  # headroom is inside the step
         draft = _unused_burst(draft, evidence, current, policy)
     draft = _pod_quota(draft, evidence)
+    draft = _order_unknown(draft, evidence)
     uncapped = rounded(draft).limit  # what the evidence asks for, before bounds and steps
     ratio = _current_ratio(evidence, current)
-    draft = _waited(draft, evidence, current, policy, ratio)
+    waited = _waited(draft, evidence, current, policy, ratio)
+    if (isinstance(evidence, PeriodEvidence) and evidence.backlog is not None
+            and waited.limit != draft.limit and waited.limit is not None
+            and policy.strategy is not Strategy.LIMIT_ONLY):  # fmt: skip
+        # the burst was sized at the limit before; the backlog's word holds at this one only
+        waited = burst_for_target(waited, evidence, policy.target_ratio)
+    draft = waited
     draft = _finished(draft, policy, current)
     lower = _lower_limit(evidence, current, policy, ratio)
     if lower is not None and draft.limit is not None and lower < draft.limit:
@@ -223,6 +236,21 @@ def _pod_quota(draft: Draft, evidence: Evidence) -> Draft:
         f"{evidence.pod_throttled_s:.1f} s of the pod cgroup's throttled time is counted as "
         "its share (by usage), which its own counters do not show"
     )
+
+
+ORDER_UNKNOWN = (
+    "the order of the windows is unknown (the agent's histogram without its backlog series: "
+    "an older agent, or history from before it): the burst is sized as if the peaks stood "
+    "apart, and peaks that come in runs would drain it"
+)
+
+
+def _order_unknown(draft: Draft, evidence: Evidence) -> Draft:
+    """Say so where a burst rests on a rebuilt order (docs/recommend.md, "Peaks in runs")."""
+    if (isinstance(evidence, PeriodEvidence) and not evidence.in_order
+            and evidence.backlog is None and draft.burst_us):  # fmt: skip
+        return draft.but(reason=ORDER_UNKNOWN)
+    return draft
 
 
 HIDDEN_BY_CONTENTION = (

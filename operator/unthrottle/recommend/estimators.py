@@ -74,12 +74,28 @@ def _smallest(lo: int, hi: int, meets: object) -> int:
     return lo
 
 
+def burst_holds(evidence: PeriodEvidence, millicores: int, burst_us: int, target: float) -> bool:
+    """Does the order of the windows let this burst absorb the peaks at this limit?
+
+    True where the order is not known (the rebuilt sequence is all there is); else the
+    backlog's bound on the ratio (:meth:`~unthrottle.cfs.backlog.Backlog.ratio_at_most`)
+    must meet the target: peaks that come one after another drain the bucket, and the
+    shuffled sequence would refill it between them.
+    """
+    if evidence.backlog is None:
+        return True
+    bound = evidence.backlog.ratio_at_most(millicores, burst_us)
+    return bound is not None and bound <= target
+
+
 def limit_for_target(evidence: PeriodEvidence, target: float, *, with_burst: bool) -> Draft:
     """The smallest limit whose simulated throttle ratio meets the target.
 
     The ratio never rises with the limit (property-tested in ``cfs``), so a
     binary search finds the smallest. ``with_burst``: each candidate limit may
-    use a burst as large as its quota (the kernel's maximum).
+    use a burst as large as its quota (the kernel's maximum), where the backlog
+    says that burst absorbs the peaks (:func:`burst_holds`, also monotone); else it
+    must meet the target without one.
     """
     period = evidence.period_us
     floor = min_millicores_for_period(period)
@@ -87,16 +103,34 @@ def limit_for_target(evidence: PeriodEvidence, target: float, *, with_burst: boo
     # At a quota covering the busiest period nothing is ever throttled.
     ceiling = max(floor, -(-peak * 1000 // period))
 
-    def meets(millicores: int) -> bool:
-        burst = quota_of(millicores, period) if with_burst else 0
-        return ratio_at(evidence, millicores, burst) <= target
+    def meets(millicores: int, *, gated: bool = True) -> bool:
+        if not with_burst:
+            return ratio_at(evidence, millicores, 0) <= target
+        quota = quota_of(millicores, period)
+        if ratio_at(evidence, millicores, quota) > target:
+            return False
+        if not gated or burst_holds(evidence, millicores, quota, target):
+            return True
+        return ratio_at(evidence, millicores, 0) <= target
 
     limit = _smallest(floor, ceiling, meets)
     how = "with a burst of up to its quota" if with_burst else "without burst"
-    return Draft(limit).but(
+    draft = Draft(limit).but(
         reason=f"period-level evidence ({evidence.describe()}): {limit}m is the smallest "
         f"limit {how} whose simulated throttle ratio meets the target {target:g}"
     )
+    if with_burst and evidence.backlog is not None:
+        apart = _smallest(floor, limit, lambda m: meets(m, gated=False))
+        if apart < limit:
+            bound = evidence.backlog.ratio_at_most(apart, quota_of(apart, period))
+            seen = (f"up to {bound:.0%} of the windows would stay throttled" if bound is not None
+                    else "it is below the lowest level the backlog is kept at")  # fmt: skip
+            draft = draft.but(
+                reason=f"the order of the windows (the agent's backlog series) does not show "
+                f"that a burst of its quota absorbs the peaks at {apart}m ({seen}: peaks that "
+                f"come one after another drain it), so the limit is {limit}m"
+            )
+    return draft
 
 
 def average_floor(draft: Draft, evidence: PeriodEvidence, headroom: float) -> Draft:
@@ -122,20 +156,28 @@ def with_headroom(draft: Draft, headroom: float) -> Draft:
 
 
 def burst_for_target(draft: Draft, evidence: PeriodEvidence, target: float) -> Draft:
-    """The smallest burst (≤ quota) that brings the ratio to the target at this limit."""
+    """The smallest burst (≤ quota) that brings the ratio to the target at this limit, and
+    that the order of the windows says absorbs the peaks (:func:`burst_holds`)."""
     assert draft.limit is not None
-    quota = quota_of(draft.limit, evidence.period_us)
-    if ratio_at(evidence, draft.limit, 0) <= target:
+    limit = draft.limit
+    quota = quota_of(limit, evidence.period_us)
+    if ratio_at(evidence, limit, 0) <= target:
         return draft.but(burst_us=0)
-    if ratio_at(evidence, draft.limit, quota) > target:
-        return draft.but(
-            burst_us=0, reason="no burst up to the quota meets the target at this limit"
-        )
-    burst = _smallest(0, quota, lambda b: ratio_at(evidence, draft.limit or 0, b) <= target)
+
+    def meets(b: int) -> bool:
+        return ratio_at(evidence, limit, b) <= target and burst_holds(evidence, limit, b, target)
+
+    if not meets(quota):
+        why = "no burst up to the quota meets the target at this limit"
+        if ratio_at(evidence, limit, quota) <= target:
+            why += " (the peaks come in runs: the agent's backlog series)"
+        return draft.but(burst_us=0, reason=why)
+    burst = _smallest(0, quota, meets)
     burst = min(quota, -(-burst // ROUND_BURST_TO_US) * ROUND_BURST_TO_US)
+    how = "" if evidence.backlog is None else ", and the backlog says they stand apart"
     return draft.but(
         burst_us=burst,
-        reason=f"burst {burst / 1000:g} ms absorbs the short peaks at {draft.limit}m",
+        reason=f"burst {burst / 1000:g} ms absorbs the short peaks at {limit}m{how}",
     )
 
 

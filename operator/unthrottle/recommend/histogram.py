@@ -77,7 +77,7 @@ def evidence_from_histogram(
     np.random.default_rng(SEED).shuffle(cores)
     demand = np.rint(cores * period_us).astype(np.int64)
     stands_for = round(float(total)) if total > max_periods else None
-    return PeriodEvidence(demand, period_us, stands_for=stands_for)
+    return PeriodEvidence(demand, period_us, stands_for=stands_for, in_order=False)
 
 
 def quantile(

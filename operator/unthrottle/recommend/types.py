@@ -9,6 +9,7 @@ from enum import StrEnum
 import numpy as np
 import numpy.typing as npt
 
+from unthrottle.cfs.backlog import Backlog
 from unthrottle.cfs.settings import DEFAULT_PERIOD_US, MIN_QUOTA_US
 
 
@@ -145,6 +146,13 @@ class PeriodEvidence:
     """The container's share of its pod's own throttled time (the pod cgroup's quota) over
     the window, seconds: in ``observed_throttle_ratio`` already, and in the demand where the
     threads' wait was measured (the run delay holds it)."""
+    in_order: bool = True
+    """``demand_us`` is in the order it happened (False: rebuilt from a histogram, whose
+    windows were shuffled)."""
+    backlog: Backlog | None = None
+    """The order the histogram lost, where the agent exported it: how often the demand
+    above a few levels, carried from window to window, passed a few thresholds
+    (:mod:`unthrottle.cfs.backlog`). A burst is offered only where it bounds the ratio."""
 
     @property
     def periods(self) -> int:

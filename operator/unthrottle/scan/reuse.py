@@ -7,8 +7,9 @@ of a container's demand barely moves, and re-running the engine for every contai
 the policy are the same, its evidence kind is the same, its throttle ratio moved by
 less than :attr:`ReuseSettings.ratio_drift` and its demand distribution by less
 than :attr:`ReuseSettings.share_drift` (total variation distance between the
-histogram's bucket shares then and now). A slot that ages out, a burst of new
-demand or a rollout moves one of these, and the engine runs again.
+histogram's bucket shares then and now), and no share of windows above a backlog threshold
+(the agent's backlog series: the order of the windows) moved by more than that. A slot that
+ages out, a burst of new demand or a rollout moves one of these, and the engine runs again.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class _Entry:
     ratio: float | None
     shares: dict[float, float]
     usage: float
+    backlog: dict[tuple[int, float], float]
     recommendation: Recommendation | None
 
 
@@ -54,6 +56,17 @@ def _shares(item: ContainerEvidence) -> dict[float, float]:
         out[bound] = max(0.0, count - below) / total
         below = max(below, count)
     return out
+
+
+def _backlog(item: ContainerEvidence) -> dict[tuple[int, float], float]:
+    """The share of active windows above each backlog threshold (empty without them)."""
+    if not item.active_windows:
+        return {}
+    return {key: count / item.active_windows for key, count in item.backlog.items()}
+
+
+def _moved(a: dict[tuple[int, float], float], b: dict[tuple[int, float], float]) -> float:
+    return max((abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in a.keys() | b.keys()), default=0.0)
 
 
 def _distance(a: dict[float, float], b: dict[float, float]) -> float:
@@ -88,6 +101,8 @@ class EngineCache:
         if item.kind == "period":
             if _distance(_shares(item), entry.shares) > self.settings.share_drift:
                 return False, None
+            if _moved(_backlog(item), entry.backlog) > self.settings.share_drift:
+                return False, None
         elif item.kind == "counters":
             usage = item.usage_s / item.periods if item.periods else 0.0
             if abs(usage - entry.usage) > self.settings.share_drift * max(entry.usage, 1e-9):
@@ -111,6 +126,7 @@ class EngineCache:
             item.throttle_ratio(),
             _shares(item) if item.kind == "period" else {},
             usage,
+            _backlog(item),
             recommendation,
         )
 
