@@ -11,7 +11,7 @@ container running in every window (no quiet subtree to skip) and every thread's 
 (a ``pread`` of ``/proc/<tid>/schedstat`` per thread that ran). So this bench makes
 ``--containers`` real cgroups with a quota below ``unthrottle-bench-PID`` (removed at the
 end), each running a process of ``--threads`` threads (one run per number given) that
-each wake every 100 ms and burn 50 µs, so that every container and every thread has run in
+each wake every 100 ms and burn 10 µs, so that every container and every thread has run in
 every window. It starts the real agent (``unthrottle agent --standalone``: the same
 sampler, the HTTP server, the wait on), scrapes ``/metrics`` every ``--scrape-every``
 seconds as a tight Prometheus would, and reads from ``/proc/<agent pid>``: its CPU over
@@ -48,7 +48,7 @@ BUSY = (
     "import sys, threading, time\n"
     "def work():\n"
     "    while True:\n"
-    "        end = time.thread_time() + 0.00005\n"
+    "        end = time.thread_time() + 0.00001\n"
     "        while time.thread_time() < end: pass\n"
     "        time.sleep(0.1)\n"
     "for _ in range(int(sys.argv[1]) - 1):\n"
@@ -129,7 +129,7 @@ def one_run(layout: Layout, containers: int, threads: int, seconds: float,
         agent = subprocess.Popen(
             [str(AGENT), "agent", "--standalone", "--cgroup-root", node.root,
              "--listen", f"127.0.0.1:{port}"],
-            stderr=subprocess.DEVNULL,
+            stderr=open(os.environ.get("AGENT_LOG", os.devnull), "ab"),  # noqa: SIM115
         )  # fmt: skip
         url = f"http://127.0.0.1:{port}/metrics"
         deadline = time.monotonic() + 60

@@ -128,6 +128,13 @@ def agent_runs(
             and r["measure_wait"] == wait and layout in (None, r["layout"])]  # fmt: skip
 
 
+def agent_sizing(threads: int, key: str, digits: int = 1) -> str:
+    """bench/agent_sizing.py's run with ``threads`` per container: ``71.8``."""
+    (run,) = [r for r in results("agent-sizing.json")["runs"]
+              if r["threads_per_container"] == threads]  # fmt: skip
+    return f"{run[key]:.{digits}f}"
+
+
 def agent_cost_running(*, wait: bool = True) -> str:
     """The agent's share of a core, 10 of 200 containers running, as shipped (skipping
     quiet subtrees, reading the wait), or without the wait."""
@@ -326,6 +333,14 @@ QUOTES: list[Quote] = [
     ("docs/install.md", "the discovery thread {} of a core", agent_discovery_share),
     ("tests/test_chart.py", "# docs/benchmarks.md §5: {} of a core sampling 200 containers",
      agent_cost_running),
+    # the agent with every container running: install.md, §5's table, the chart's values
+    ("docs/install.md", "it took {}m with one thread per", lambda: agent_sizing(1, "millicores")),
+    ("docs/install.md", "container and {}m with 16", lambda: agent_sizing(16, "millicores")),
+    ("docs/install.md", "{} MiB resident at its peak", lambda: agent_sizing(16, "peak_rss_mib")),
+    ("charts/unthrottle/values.yaml", "# {}m with one thread each",
+     lambda: agent_sizing(1, "millicores", 0)),
+    ("charts/unthrottle/values.yaml", "and {}m with 16 each",
+     lambda: agent_sizing(16, "millicores", 0)),
     # the operator's steady reconcile: §9 and README
     ("docs/benchmarks.md", "samples = {}** of the first", steady_samples_share),
     ("README.md", "later ones read only what is new ({} of the samples", steady_samples_share),
@@ -827,6 +842,7 @@ def test_each_table_holds_what_its_results_file_holds(name: str) -> None:
 
 SOURCES = {  # results file → the script that writes it, and the section that quotes it
     "agent-cost.json": ("bench/agent_cost.py", 5),
+    "agent-sizing.json": ("bench/agent_sizing.py", 5),
     "window-alignment.md": ("bench/window_alignment.py", 6),
     "cluster-query.json": ("bench/cluster_query.py", 7),
     "recommend-queries.json": ("bench/recommend_queries.py", 7),
