@@ -19,8 +19,9 @@ from prom import PrometheusServer, requires_prometheus
 from test_metrics_evidence import gauge, series
 from test_recommend_cli import cli
 from unthrottle.metrics.aggregates import WindowAggregates
-from unthrottle.metrics.evidence import ContainerEvidence, WorkloadKey, fetch
+from unthrottle.metrics.evidence import ContainerEvidence, WorkloadKey, canary_ratios, fetch
 from unthrottle.metrics.incremental import fetch_slots
+from unthrottle.metrics.promql import pod_counter_queries
 from unthrottle.metrics.source import PrometheusConfig, PrometheusSource
 from unthrottle.recommend import CounterEvidence, Current, Policy, Runtime, recommend
 from unthrottle.report import Report, render_html, render_markdown
@@ -223,6 +224,34 @@ class TestThePodsOwnQuota:
         assert back[_key("busy")].pressure_s == pytest.approx(0.5 * HOUR, rel=0.05)
         # a burst never used (0) stays apart from burst counters not exported (None)
         assert back[_key("quota")].burst_periods == 0 and back[_key("free")].burst_periods is None
+
+    def test_an_inplace_canary_is_verified_by_the_same_measure(
+        self, prometheus: tuple[str, int], found: dict[WorkloadKey, ContainerEvidence]
+    ) -> None:
+        """The canary's queries (one pod's containers and its own cgroup) give each
+        container the ratio its recommendation was made from, pod share included: a
+        canary whose new pod quota throttles it does not pass on its own counters."""
+        url, now = prometheus
+        source = PrometheusSource(PrometheusConfig(url))
+        for deploy, containers in (("quota", ["app"]), ("free", ["app"]),
+                                   ("agent", ["app"]), ("duo", ["main", "side"])):  # fmt: skip
+            queries = pod_counter_queries(NS, f"{deploy}-1-a", HOUR)
+
+            def per(name: str, queries: dict[str, str] = queries) -> dict[str, float]:
+                return {str(s.labels.get("container", "")): s.value
+                        for s in source.instant(queries[name], at=now)}  # fmt: skip
+
+            ratios = canary_ratios(per("usage_seconds"), per("periods"),
+                                   per("throttled_periods"))  # fmt: skip
+            assert sorted(ratios) == containers, (deploy, ratios)
+            for container in containers:
+                ratio, periods = ratios[container]
+                assert periods > 0
+                expected = found[_key(deploy, container)].throttle_ratio()
+                assert ratio == pytest.approx(expected, abs=0.02), (deploy, container)
+        assert canary_ratios({}, {"app": 10.0, "": 10.0}, {"app": 2.0, "": 3.0}) == {
+            "app": (0.5, 10.0)
+        }
 
 
 class TestTheKubeletsPressure:

@@ -572,6 +572,28 @@ def share_pod_throttling(
     return out
 
 
+def canary_ratios(
+    usage_s: dict[str, float], periods: dict[str, float], throttled: dict[str, float]
+) -> dict[str, tuple[float, float]]:
+    """One pod's containers over a span: container → (throttle ratio, periods), from each
+    container's usage, periods and throttled periods, keyed by ``container`` label; the
+    pod's own cgroup is ``""`` (:func:`unthrottle.metrics.promql.pod_counter_queries`).
+
+    A container's ratio counts its share of the pod's own throttled periods as the
+    evidence does (:func:`share_pod_throttling`): an in-place canary is verified by the
+    same measure its recommendation was made from. Before, a canary whose pod quota (the
+    sum of its new limits) throttled it read only its own counters.
+    """
+    pod_periods, pod_throttled = periods.get("", 0.0), throttled.get("", 0.0)
+    members = {c: (usage_s.get(c, 0.0), n) for c, n in periods.items() if c and n > 0}
+    shares = (share_pod_throttling(pod_periods, pod_throttled, 0.0, members)
+              if members and pod_periods > 0 else {})  # fmt: skip
+    return {
+        c: (min(1.0, (throttled.get(c, 0.0) + shares.get(c, (0.0, 0.0))[0]) / n), n)
+        for c, (_, n) in members.items()
+    }
+
+
 def gather(
     owners: Owners, answer: Callable[[str], Iterable[Points]], steps: int = 1
 ) -> list[dict[WorkloadKey, ContainerEvidence]]:

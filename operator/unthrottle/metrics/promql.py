@@ -136,8 +136,9 @@ def evidence_counter_queries(namespaces: Iterable[str], window: str) -> dict[str
 
 
 def pod_counter_queries(namespace: str, pod: str, window_s: int) -> dict[str, str]:
-    """:func:`counter_queries` for one pod's containers (an in-place canary's own counters)."""
-    matchers = (equals("namespace", namespace), equals("pod", pod), *CONTAINERS)
+    """:func:`counter_queries` for one pod's containers and its own cgroup (``container=""``,
+    the pod's quota): an in-place canary's counters (:func:`canary_ratios`)."""
+    matchers = (equals("namespace", namespace), equals("pod", pod), *WITH_PODS)
     return _counters(matchers, duration(window_s))
 
 

@@ -57,6 +57,7 @@ from unthrottle.kube.inplace import (
 )
 from unthrottle.kube.patching import Record, record_patch, record_text
 from unthrottle.kube.pods import NoResizeSubresource, PodStore, present, running
+from unthrottle.metrics.evidence import canary_ratios
 from unthrottle.metrics.promql import pod_burst_query, pod_counter_queries
 from unthrottle.metrics.source import MetricsError, MetricsSource
 from unthrottle.model.burst import BURST_ANNOTATION
@@ -205,13 +206,16 @@ class InPlace:
 
     def pod_ratio(self, namespace: str, pod: str, window_s: int,
                   at: float) -> dict[str, tuple[float, float]]:  # fmt: skip
-        """Per container of one pod: (throttle ratio, periods) over the window."""
+        """Per container of one pod: (throttle ratio, periods) over the window, its share of
+        the pod cgroup's own throttling counted (:func:`canary_ratios`)."""
         queries = pod_counter_queries(namespace, pod, max(window_s, 60))
-        periods = {s.labels.get("container"): s.value
-                   for s in self.metrics.instant(queries["periods"], at=at)}  # fmt: skip
-        throttled = {s.labels.get("container"): s.value for s in
-                     self.metrics.instant(queries["throttled_periods"], at=at)}  # fmt: skip
-        return {str(c): (throttled.get(c, 0.0) / n, n) for c, n in periods.items() if n > 0}
+
+        def per_container(name: str) -> dict[str, float]:
+            return {str(s.labels.get("container", "")): s.value
+                    for s in self.metrics.instant(queries[name], at=at)}  # fmt: skip
+
+        return canary_ratios(per_container("usage_seconds"), per_container("periods"),
+                             per_container("throttled_periods"))  # fmt: skip
 
     # -- one Deployment --------------------------------------------------------------------
 
