@@ -13,6 +13,8 @@ Every assertion holds on a busy 2-core machine as on a quiet one, and none skips
   The workers are each on a CPU of their own (``pin=True``), as the model places
   them: once, beside a hog, both of a batch round's two workers shared one CPU for
   a whole task in both measurements (p95 110.6 ms against the model's 60.1 ms).
+- the phenomena in every measurement whose runs the host took under a tenth of their CPU
+  time from (steal), the scenario measured again where it took more (``Lab.judged``);
 - agreement by the rules of ``unthrottle.lab.agreement``: within tolerance of at
   least one of the kernel's two measurements of each run, the latency tolerance
   widened by what the machine adds without a limit.
@@ -24,7 +26,7 @@ the kernel.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -44,16 +46,69 @@ TICK_US = 4_000  # 1/HZ at HZ 250: how far a thread may overrun before it is sto
 REPEATS = 2
 
 
+REMEASURE_LOST_MS = 50.0
+"""What the host took from a run's tasks (steal, ``lost_ms``) above which a measurement is
+the host's as much as the kernel's, for the model's agreement. Once, on CI, the open pool at
+0.6 CPU measured 27 of 48 periods throttled in both repeats (the model: 22–24, 14 runs
+beside a hog 21–25) while the host took 146 and 205 ms from its tasks; the runs it took
+under 50 ms from agreed."""
+MORE_REPEATS = 2
+LEFT_ALONE_SHARE = 0.10
+"""The share of a run's CPU time (usage) the host may take from its tasks for the run to
+show a phenomenon of CFS's rather than the host's. A task slowed by steal uses less of its
+quota, and delays the tasks queued behind it: once on CI the host took 640 ms from an
+unlimited open pool (about a quarter of its usage), whose p95 read 46 ms less what was taken
+(13.5–15.5 ms in six measurements from which it took 0.3–145 ms, up to 5 %); beside a hog it
+took 806 ms of a burst seed's 1.21 s, which then never reached its quota."""
+
+
+def left_alone(runs: list[RunFigures]) -> bool:
+    """The host took under :data:`LEFT_ALONE_SHARE` of its usage from every run."""
+    return all(
+        float(r.extra.get("lost_ms") or 0.0) * 1000 < LEFT_ALONE_SHARE * r.stat.usage_us
+        for r in runs
+    )
+
+
 @dataclass
 class Lab:
-    """Every seed scenario's runs, measured REPEATS times, and the machine's other load."""
+    """Every seed scenario's runs, measured REPEATS times (and again where the host took
+    from them, :meth:`measure_again`), and the machine's other load."""
 
     repeats: list[dict[str, list[RunFigures]]]
     noise: OtherLoad
+    again: dict[str, list[list[RunFigures]]] = field(default_factory=dict)
 
     def __getitem__(self, name: str) -> list[list[RunFigures]]:
         """Every measurement of a scenario: one list of runs per repeat."""
-        return [runs[name] for runs in self.repeats]
+        return [runs[name] for runs in self.repeats] + self.again.get(name, [])
+
+    def measure_again(self, name: str) -> None:
+        """One more measurement of a scenario, kept for every test after."""
+        assert KERNEL_LAYOUT is not None
+        scenario = next(s for s in map(load_scenario, SCENARIOS) if s.name == name)
+        runs = run_scenario(scenario, KERNEL_LAYOUT, LabOptions(isolate=True, pin=True))
+        self.again.setdefault(name, []).append(runs)
+
+    def judged(self, name: str) -> list[list[RunFigures]]:
+        """The measurements of a scenario the host left alone (:func:`left_alone`), the
+        scenario measured again (at most :data:`MORE_REPEATS` times) while there is none.
+        A phenomenon is held in each of them; none at all fails, saying why."""
+        for _ in range(MORE_REPEATS):
+            if any(left_alone(runs) for runs in self[name]):
+                break
+            print(f"{name}: measured again, the host took from every measurement of it")
+            self.measure_again(name)
+        judged = [runs for runs in self[name] if left_alone(runs)]
+        lost = [
+            [f"{r.extra.get('lost_ms') or 0} of {r.stat.usage_us / 1000:.0f} ms" for r in runs]
+            for runs in self[name]
+        ]
+        assert judged, (
+            f"{name}: the host took ≥ {LEFT_ALONE_SHARE:.0%} of a run's CPU time from every "
+            f"measurement (lost_ms by run: {lost})"
+        )
+        return judged
 
 
 @pytest.fixture(scope="module")
@@ -69,15 +124,16 @@ def lab() -> Lab:
 
 
 class TestThePhenomena:
-    """DESIGN.md §1 on this kernel, in every measurement."""
+    """DESIGN.md §1 on this kernel, in every measurement the host left alone
+    (:meth:`Lab.judged`: what it steals from a run is no phenomenon of CFS's)."""
 
     def test_without_a_limit_latency_is_the_task_cpu_time(self, lab: Lab) -> None:
         for name, cpu_ms in [("seed-000-serial-30ms", 30), ("seed-000-serial-5ms", 5)]:
-            for runs in lab[name]:
+            for runs in lab.judged(name):
                 assert runs[0].latency.p50 == pytest.approx(cpu_ms, rel=0.1), name
 
     def test_30ms_tasks_under_half_a_cpu(self, lab: Lab) -> None:
-        for _, half, short_period in lab["seed-000-serial-30ms"]:
+        for _, half, short_period in lab.judged("seed-000-serial-30ms"):
             self.check_30ms(half, short_period)
 
     @staticmethod
@@ -95,24 +151,24 @@ class TestThePhenomena:
             assert run.stat.throttled_us <= 1.02 * run.stat.wait_us
 
     def test_5ms_tasks_low_p50_high_p95(self, lab: Lab) -> None:
-        for _, limited in lab["seed-000-serial-5ms"]:
+        for _, limited in lab.judged("seed-000-serial-5ms"):
             assert limited.latency.p50 < 8
             assert limited.latency.p95 > 30
 
     def test_parallel_batches_slowed_under_their_parallelism_only(self, lab: Lab) -> None:
-        for free, half, one, two in lab["seed-000-batch-parallel"]:
+        for free, half, one, two in lab.judged("seed-000-batch-parallel"):
             assert half.latency.p50 > one.latency.p50 > 1.4 * free.latency.p50
             assert two.latency.p50 < 1.2 * free.latency.p50
             assert two.stat.nr_throttled <= 1
 
     def test_burst_lowers_throttling_when_the_average_fits(self, lab: Lab) -> None:
-        for plain, burst in lab["seed-002-burst"]:
+        for plain, burst in lab.judged("seed-002-burst"):
             assert plain.stat.nr_throttled > 0
             assert burst.stat.nr_throttled < plain.stat.nr_throttled
             assert burst.stat.nr_bursts > 0
 
     def test_an_open_pool_queues_behind_a_tight_limit(self, lab: Lab) -> None:
-        for free, tight, loose in lab["seed-004-open-pool"]:
+        for free, tight, loose in lab.judged("seed-004-open-pool"):
             # less what the host took from each task (steal), which is no queue's
             assert cfs_latency(tight).p95 > 3 * cfs_latency(free).p95
             assert tight.stat.throttle_ratio > 0.3
@@ -180,14 +236,6 @@ def test_the_kernel_counters_keep_their_bounds_run_by_run(lab: Lab) -> None:
     assert not misses, "\n".join(misses)
 
 
-REMEASURE_LOST_MS = 50.0
-"""What the host took from a run's tasks (steal, ``lost_ms``) above which a measurement is
-the host's as much as the kernel's. Once, on CI, the open pool at 0.6 CPU measured 27 of 48
-periods throttled in both repeats (the model: 22–24, 14 runs beside a hog 21–25) while the
-host took 146 and 205 ms from its tasks; the runs it took under 50 ms from agreed."""
-MORE_REPEATS = 2
-
-
 def disturbed(run: RunAgreement) -> bool:
     """It disagrees, and the host took from its tasks in every measurement of it."""
     return not run.agrees and all(c.lost_ms >= REMEASURE_LOST_MS for c in run.comparisons)
@@ -204,16 +252,14 @@ def test_the_model_agrees_with_the_kernel_run_by_run(lab: Lab) -> None:
     misses = []
     for path in SCENARIOS:
         scenario = load_scenario(path)
-        repeats = lab[scenario.name]
-        runs = agreement(scenario, repeats, CORES)
+        runs = agreement(scenario, lab[scenario.name], CORES)
         for _ in range(MORE_REPEATS):
             if not any(disturbed(run) for run in runs):
                 break
             print(f"{scenario.name}: measured again, the host took from every measurement "
                   "of a run that disagrees")  # fmt: skip
-            again = run_scenario(scenario, KERNEL_LAYOUT, LabOptions(isolate=True, pin=True))
-            repeats = [*repeats, again]
-            runs = agreement(scenario, repeats, CORES)
+            lab.measure_again(scenario.name)
+            runs = agreement(scenario, lab[scenario.name], CORES)
         for run in runs:
             print(run.describe())
             if not run.agrees:

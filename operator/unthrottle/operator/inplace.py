@@ -46,6 +46,7 @@ from typing import Any
 from unthrottle.kube.deployments import DeploymentStore, PatchConflict, PatchRefused
 from unthrottle.kube.inplace import (
     InPlaceError,
+    ResizeState,
     annotation_patch,
     burst_annotation,
     interim_burst,
@@ -87,6 +88,11 @@ class Step:
     message: str = ""
     sent: bool = False
     """A resize was sent in this step (its time goes into the record)."""
+
+
+def refused(pod: str, state: ResizeState) -> str:
+    """The kubelet's answer to a resize it holds back (Deferred, Infeasible), in words."""
+    return f"the kubelet of pod {pod} reports the resize {state.state.title()}: {state.message}"
 
 
 def _pct(ratio: float | None) -> str:
@@ -175,8 +181,7 @@ class InPlace:
             self.no_resize = None
             return Step(False, f"pod {name}: resize sent, waiting for its kubelet", sent=True)
         if state.state in ("deferred", "infeasible"):
-            raise GiveUp(f"the kubelet of pod {name} reports the resize {state.state.title()}: "
-                         f"{state.message}")  # fmt: skip
+            raise GiveUp(refused(name, state))
         sent_at = record.resize_sent_at.get(name)
         if state.state in ("error", "resizing") and sent_at is not None and (
                 now - sent_at > self.resize_timeout_s):  # fmt: skip
@@ -256,10 +261,14 @@ class InPlace:
             if pod is None or running(pod):
                 continue
             try:
-                state = resize_state(pod, targets(pod, record)).state
+                state = resize_state(pod, targets(pod, record))
             except InPlaceError:
                 continue
-            if state != "asked":
+            if state.state in ("deferred", "infeasible"):
+                # never actuated: its unreadiness is not the resize's (a restarted kubelet
+                # reports its pods unready a while), the kubelet's answer is the reason
+                raise GiveUp(refused(name, state))
+            if state.state != "asked":
                 return f"pod {name} is not Ready since its resize"
         return None
 
