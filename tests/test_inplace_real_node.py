@@ -362,20 +362,40 @@ def test_a_kubelet_with_the_static_cpu_manager_finds_the_resize_infeasible(
 ) -> None:  # fmt: skip
     """A kubelet whose CPU manager is static refuses any CPU resize of a Guaranteed pod
     (PodResizePending, Infeasible): InPlace gives it up and says the kubelet's words. The
-    node's kubelet is restarted with that policy for this test, and back after it."""
+    node's kubelet is restarted with that policy for this test, and back after it.
+
+    The pod goes unready after the kubelet's answer (a restarted kubelet reports its pods
+    unready until their probes run again; here its probe fails once a burst is written):
+    a resize never actuated did not do that, so the reason stays the kubelet's. Once on CI
+    it read "not Ready since its resize"."""
     resources = {"requests": {"cpu": "500m", "memory": "128Mi"},
                  "limits": {"cpu": "500m", "memory": "128Mi"}}  # fmt: skip
+    python = str(Path(sys.executable))
+    probe = {"exec": {"command": [python, "-c", "import sys; sys.exit(int(open("
+                                  "'/sys/fs/cgroup/cpu/cpu.cfs_burst_us').read()) > 0)"]},
+             "periodSeconds": 1, "failureThreshold": 1, "timeoutSeconds": 5}  # fmt: skip
     app = replace(APP, pods=1)
-    with real_world(tmp_path, control_plane, real_node, layout, app, resources=resources) as rw:
+    with real_world(tmp_path, control_plane, real_node, layout, app, resources=resources,
+                    readinessProbe=probe) as rw:  # fmt: skip
         (pod,) = rw.pods()
+
+        def ready(want: str) -> None:
+            rw.kube.until(f"the pod Ready={want}", lambda: rw.pod(pod),
+                          lambda p: any(c["type"] == "Ready" and c["status"] == want
+                                        for c in p["status"].get("conditions") or []))  # fmt: skip
+
         real_node.restart_kubelet(static_cpu_manager=True)
         try:
-            # a restarted kubelet reports its pods afresh: Ready again before the change (a
-            # resized pod seen unready would be rolled back for that, not for Infeasible)
-            rw.kube.until("the pod Ready again", lambda: rw.pod(pod),
-                          lambda p: any(c["type"] == "Ready" and c["status"] == "True"
-                                        for c in p["status"].get("conditions") or []))  # fmt: skip
+            ready("True")
             rw.world.policy("ip", "ip", apply={"method": "InPlace"})
+            state, message = rw.reconcile_until("the resize sent", lambda s, m: "sent" in m)
+            assert state == "Verifying", message
+            rw.kube.until("the kubelet's Infeasible", lambda: rw.pod(pod),
+                          lambda p: any(c["type"] == "PodResizePending"
+                                        and c.get("reason") == "Infeasible"
+                                        for c in p["status"].get("conditions") or []))  # fmt: skip
+            (rw.cgroup(pod).cpu_dir / "cpu.cfs_burst_us").write_text("1000\n")
+            ready("False")
             _, message = rw.reconcile_until("rolled back", lambda s, m: s == "RolledBack",
                                             timeout_s=90)  # fmt: skip
             assert "Infeasible" in message and "CPU Manager" in message, message
