@@ -327,7 +327,8 @@ def test_beside_a_hog_the_wait_shows_the_demand_that_usage_and_throttling_hide(
               f"{held.stolen_from_thread * 1000:.0f} ms from the thread")  # fmt: skip
         held = run_beside_a_hog(workload, agent)
     print(held)
-    assert not held.misses(), held
+    misses = held.misses()
+    assert not misses, f"{misses}: {held}"
 
 
 def test_healthz_answers_while_sampling(agent: str) -> None:

@@ -9,6 +9,7 @@ tests/test_agent_kernel.py.
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -131,7 +132,7 @@ ABOUT_ONE = 20
 """Judged windows at about 1 core (0.75–1.25] on a quiet host: all but the first (the
 interpreter starting) and, around each of the thread's runs, the window its throttled
 time lands in (up to 2 cores: its own and the window before's, which the kernel adds at
-unthrottle) and the window before (its usage alone). Seen quiet and beside a hog: 22–24
+unthrottle) and the window before (its usage alone). Seen quiet and beside a hog: 22–27
 of 30. Without the wait given back, the stalled windows read 0: about 3 of 30."""
 HOST_WINDOW_MS = 100
 """What the host may take for one judged window to miss about 1 core: a sampler running
@@ -152,6 +153,8 @@ class Stalled:
     took meanwhile (steal on all CPUs: neither the thread nor the sampler is pinned, ms)."""
 
     windows: list[float]
+    lengths: list[float]
+    """Each window's length on the sampler's clock, s."""
     total: int
     stolen_ms: float
 
@@ -167,6 +170,14 @@ class Stalled:
     def allowed(self) -> int:
         """Judged windows at about 1 core, less those the host's steal may have cost."""
         return ABOUT_ONE - min(round(self.stolen_ms / HOST_WINDOW_MS), ABOUT_ONE // 2)
+
+    @property
+    def beyond_one_thread(self) -> list[tuple[int, float]]:
+        """Windows that read more than one thread can fill: its own window, and the stall's
+        tail in the window before, whose throttled time the kernel adds at unthrottle (a
+        sampler running late makes that one longer), cores."""
+        return [(i, w) for i, w in enumerate(self.windows)
+                if w > (self.lengths[i - 1] if i else 0) / self.lengths[i] + 1 + 0.1]  # fmt: skip
 
     @property
     def missed(self) -> bool:
@@ -188,16 +199,18 @@ def measure_a_stalled_thread(layout: Layout) -> Stalled:
             stolen_before = steal_ms()
             child = subprocess.Popen([sys.executable, "-c", code])
             cg.add_process(child.pid)
-            start = time.monotonic()
+            times = [time.monotonic()]
             for window in range(1, SAMPLED_WINDOWS + 1):  # on the sampler's schedule
-                time.sleep(max(0.0, start + window * 0.1 - time.monotonic()))
+                time.sleep(max(0.0, times[0] + window * 0.1 - time.monotonic()))
                 sampler.sample()
+                times.append(time.monotonic())
             stolen = steal_ms() - stolen_before
         with sampler.lock:
             (series,) = sampler.snapshot()
         print(series.counts, series.wait_us, cg.read_stat(), f"stolen {stolen:.0f} ms")
         print([round(w, 2) for w in series.recent])
-        return Stalled(list(series.recent), series.total, stolen)
+        lengths = [b - a for a, b in itertools.pairwise(times)]
+        return Stalled(list(series.recent), lengths, series.total, stolen)
     finally:
         if child is not None:
             stop(child, timeout_s=5)
@@ -226,6 +239,8 @@ def test_a_container_stalled_for_whole_windows_gets_its_demand_back_in_them(
     assert stalled.total == SAMPLED_WINDOWS
     # (0.75, 1.25]: it wanted a core throughout.
     assert stalled.about_one >= stalled.allowed, stalled
-    assert max(stalled.windows) <= 2.0, stalled  # the stall is not one 10-core window
+    # The stall is not one 10-core window; the window it ends in reads up to 2 cores
+    # (seen 1.97 quiet).
+    assert not stalled.beyond_one_thread, stalled
     # Without the wait given back, the stalls would be ~26 windows at 0.
     assert sum(w <= 0.05 for w in stalled.judged) <= 5, stalled
