@@ -132,7 +132,7 @@ ABOUT_ONE = 20
 """Judged windows at about 1 core (0.75–1.25] on a quiet host: all but the first (the
 interpreter starting) and, around each of the thread's runs, the window its throttled
 time lands in (up to 2 cores: its own and the window before's, which the kernel adds at
-unthrottle) and the window before (its usage alone). Seen quiet and beside a hog: 22–27
+unthrottle) and the window before (its usage alone). Seen quiet and beside a hog: 22–30
 of 30. Without the wait given back, the stalled windows read 0: about 3 of 30."""
 HOST_WINDOW_MS = 100
 """What the host may take for one judged window to miss about 1 core: a sampler running
