@@ -17,6 +17,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -201,6 +202,114 @@ BESIDE_A_HOG = {
     "0.6 CPU (not binding)": 60_000,
     "0.3 CPU": 30_000,
 }
+HOG_SECONDS = 3.0
+WINDOW_MS_LOST = (25, 40)
+"""What the host must take from the thread in one window (steal while it runs: neither
+usage nor wait) for the window to read below 0.75 core instead of about 1, and for it to
+read 0.6 core or less, ms."""
+MOST_WINDOWS_LOST = 12
+"""At most this many windows are excused for steal; past it a measurement is the host's."""
+REMEASURE_STOLEN_MS = 50
+"""Steal taken from the thread (ms) above which a measurement that missed is measured
+again, at most :data:`MORE_MEASUREMENTS` times (``tests/test_lab_seeds.py``'s
+``REMEASURE_LOST_MS``). Once on CI the host took about 1 s of the 3 s from the hog's CPU
+(2.5 s over the test, both CPUs): usage read 0.99 and 0.94 s, wait 1.59 and 1.56 s."""
+MORE_MEASUREMENTS = 2
+
+
+def scrape(agent: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    status, text = get(f"http://{agent}/metrics")
+    assert status == 200
+    return samples(text)
+
+
+@dataclass(frozen=True)
+class Held:
+    """The agent's counters for the thread over one run beside the hog (s; the demand
+    histogram's buckets, windows), and the steal on its CPU meanwhile (s, 10 ms ticks)."""
+
+    quota_us: int
+    usage: float
+    throttled: float
+    wait: float
+    buckets: dict[str, float]
+    stolen: float
+
+    @property
+    def stolen_from_thread(self) -> float:
+        """The host's steal falls on whatever the CPU runs: the thread's part is its share
+        of what the guest ran there (the hog had the rest), s."""
+        guest = HOG_SECONDS - self.stolen
+        return self.stolen * self.usage / guest if guest > 0 else self.stolen
+
+    def misses(self) -> list[str]:
+        """What the agent read that the thread beside the hog did not do."""
+        out = []
+        # Half the CPU, or its quota if less: half of what the host left the hog and it
+        # (the host's steal is neither usage nor wait).
+        share = min(self.quota_us / 100_000 * HOG_SECONDS, (HOG_SECONDS - self.stolen) / 2)
+        if self.usage != pytest.approx(share, rel=0.2):
+            out.append(f"usage {self.usage:.3f} s, not {share:.2f} s")
+        # It waited for the rest of its wall time, behind the hog or on its quota, but
+        # for what the host took while it ran.
+        demand = self.usage + max(self.throttled, self.wait) + self.stolen_from_thread
+        if demand != pytest.approx(HOG_SECONDS, rel=0.12):
+            out.append(f"usage + wait + stolen {demand:.3f} s, not {HOG_SECONDS} s")
+        # Windows at about 1 core, where usage + throttled time reads half of that or
+        # less; a window the host took 25 ms from the thread in reads less.
+        below, half_or_less = (min(round(self.stolen_from_thread * 1000 / ms), MOST_WINDOWS_LOST)
+                               for ms in WINDOW_MS_LOST)  # fmt: skip
+        about_one = self.buckets["1.25"] - self.buckets["0.75"]
+        if about_one < 18 - below:
+            out.append(f"{about_one:.0f} windows at about 1 core, not {18 - below}+")
+        half = self.buckets["0.6"] - self.buckets["0.05"]
+        if half > 6 + half_or_less:
+            out.append(f"{half:.0f} windows at 0.05-0.6 core, not {6 + half_or_less} or fewer")
+        return out
+
+
+def run_beside_a_hog(workload: Workload, agent: str) -> Held:
+    """The thread for :data:`HOG_SECONDS`, pinned beside a hog on :data:`CPU`; what the
+    agent counted for it meanwhile (its counters before and after)."""
+    pod = f"kubepods/burstable/pod{UID}/{CID}"
+
+    def mine(name: str, got: dict[str, list[tuple[dict[str, str], float]]]) -> float:
+        (value,) = [v for labels, v in got[name] if labels.get("pod") == pod]
+        return value
+
+    def buckets(got: dict[str, list[tuple[dict[str, str], float]]]) -> dict[str, float]:
+        return {labels["le"]: v for labels, v in got["unthrottle_cpu_demand_cores_bucket"]
+                if labels["pod"] == pod}  # fmt: skip
+
+    hog_path = f"{workload.root}-hog"
+    if not any(cg.path == hog_path for cg in workload.made):
+        workload.make(hog_path)  # beside the workload's tree, at its weight
+    before = scrape(agent)
+    with Isolation(workload.layout):  # the hog is this test's: it keeps its priority
+        hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        try:
+            os.sched_setaffinity(hog.pid, {CPU})
+            Cgroup(workload.layout, hog_path).add_process(hog.pid)
+            stolen_before = steal_ms(cpu=CPU)
+            workload.start(seconds=HOG_SECONDS, cpu=CPU)
+            workload.finish()
+            stolen = (steal_ms(cpu=CPU) - stolen_before) / 1e3
+        finally:
+            stop(hog)
+    time.sleep(0.5)
+    after = scrape(agent)
+    counted = {name: mine(name, after) - mine(name, before) for name in (
+        "unthrottle_cpu_usage_seconds_total", "unthrottle_cpu_cfs_throttled_seconds_total",
+        "unthrottle_cpu_wait_seconds_total")}  # fmt: skip
+    was = buckets(before)
+    return Held(
+        workload.quota_us,
+        counted["unthrottle_cpu_usage_seconds_total"],
+        counted["unthrottle_cpu_cfs_throttled_seconds_total"],
+        counted["unthrottle_cpu_wait_seconds_total"],
+        {le: v - was.get(le, 0.0) for le, v in buckets(after).items()},
+        stolen,
+    )
 
 
 @pytest.mark.parametrize("workload", BESIDE_A_HOG.values(), ids=BESIDE_A_HOG.keys(),
@@ -208,35 +317,18 @@ BESIDE_A_HOG = {
 def test_beside_a_hog_the_wait_shows_the_demand_that_usage_and_throttling_hide(
     workload: Workload, agent: str
 ) -> None:
-    seconds = 3.0
-    with Isolation(workload.layout):  # the hog is this test's: it keeps its priority
-        hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-        try:
-            os.sched_setaffinity(hog.pid, {CPU})
-            # beside the workload's tree, at its weight, wherever this process sits
-            workload.make(f"{workload.root}-hog").add_process(hog.pid)
-            workload.start(seconds=seconds, cpu=CPU)
-            workload.finish()
-        finally:
-            stop(hog)
-    time.sleep(0.5)
-    status, text = get(f"http://{agent}/metrics")
-    assert status == 200
-    got = samples(text)
-    pod = f"kubepods/burstable/pod{UID}/{CID}"
-    mine = {k: [v for labels, v in rows if labels.get("pod") == pod] for k, rows in got.items()}
-    (usage,) = mine["unthrottle_cpu_usage_seconds_total"]
-    (throttled,) = mine["unthrottle_cpu_cfs_throttled_seconds_total"]
-    (wait,) = mine["unthrottle_cpu_wait_seconds_total"]
-    share = min(0.5, workload.quota_us / 100_000)  # half the CPU, or its quota if less
-    assert usage == pytest.approx(share * seconds, rel=0.2), (usage, throttled, wait)
-    # It waited for the rest of its wall time, behind the hog or on its quota.
-    assert usage + max(throttled, wait) == pytest.approx(seconds, rel=0.12), (usage, wait)
-    buckets = {labels["le"]: v for labels, v in got["unthrottle_cpu_demand_cores_bucket"]
-               if labels["pod"] == pod}  # fmt: skip
-    # Windows at about 1 core, where usage + throttled time reads half of that or less.
-    assert buckets["1.25"] - buckets["0.75"] >= 18, buckets
-    assert buckets["0.6"] - buckets["0.05"] <= 6, buckets
+    """A run that missed while the host took from the thread is measured again (the same
+    agent, its counters' increases); one the host left alone that missed fails at once."""
+    held = run_beside_a_hog(workload, agent)
+    for _ in range(MORE_MEASUREMENTS):
+        if not held.misses() or held.stolen_from_thread * 1000 < REMEASURE_STOLEN_MS:
+            break
+        print(f"measured again: {held.misses()} while the host took "
+              f"{held.stolen_from_thread * 1000:.0f} ms from the thread")  # fmt: skip
+        held = run_beside_a_hog(workload, agent)
+    print(held)
+    misses = held.misses()
+    assert not misses, f"{misses}: {held}"
 
 
 def test_healthz_answers_while_sampling(agent: str) -> None:

@@ -9,10 +9,12 @@ tests/test_agent_kernel.py.
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,7 @@ from unthrottle.cgroups import CpuStat, Layout, Version
 from unthrottle.cgroups.counters import CounterReader
 from unthrottle.devtools.processes import stop
 from unthrottle.lab.isolation import Isolation
+from unthrottle.lab.noise import steal_ms
 
 DEMAND = {
     # usage, throttled, wait (µs, one window) → demand
@@ -120,14 +123,69 @@ def test_the_thread_list_cadence_must_be_a_duration() -> None:
     assert info.value.field == "threads_s"
 
 
-@pytest.mark.kernel
-def test_a_container_stalled_for_whole_windows_gets_its_demand_back_in_them(
-    layout: Layout,
-) -> None:
-    """100 ms of quota per 1 s period: the thread runs 100 ms, then is throttled 900 ms,
-    through 9 windows of 100 ms that read no usage. The kernel adds its wait (and its
-    throttled time) when it runs again; the sampler gives it back to those windows, so
-    they read about 1 core each, and the window it runs in about 1 core, not 10."""
+STALL_WINDOWS = 30
+"""Windows judged: 3 s, three 1 s periods of a thread stalled 900 ms in each."""
+SAMPLED_WINDOWS = 42
+"""Windows sampled: the judged ones, then until the stall that covers the last of them has
+ended (a stall lasts at most 900 ms) and its wait has landed. The thread lives 4.5 s."""
+ABOUT_ONE = 20
+"""Judged windows at about 1 core (0.75–1.25] on a quiet host: all but the first (the
+interpreter starting) and, around each of the thread's runs, the window its throttled
+time lands in (up to 2 cores: its own and the window before's, which the kernel adds at
+unthrottle) and the window before (its usage alone). Seen quiet and beside a hog: 22–30
+of 30. Without the wait given back, the stalled windows read 0: about 3 of 30."""
+HOST_WINDOW_MS = 100
+"""What the host may take for one judged window to miss about 1 core: a sampler running
+late by a window's length in a stall leaves the oldest of the windows it missed without
+wait to give back (each takes one window's worth), and steal while the thread runs
+moves its run into the window after."""
+REMEASURE_STOLEN_MS = 600
+"""Steal (all CPUs) above which a measurement that missed is the host's: measured again,
+at most :data:`MORE_MEASUREMENTS` times. Once on CI the host took 0.77 s during this test
+and 14 windows of 30 read about 1 core (8 more after sampling stopped, before this
+test sampled past the last stall)."""
+MORE_MEASUREMENTS = 2
+
+
+@dataclass(frozen=True)
+class Stalled:
+    """The demand of each window of a stalled thread (cores, in order) and what the host
+    took meanwhile (steal on all CPUs: neither the thread nor the sampler is pinned, ms)."""
+
+    windows: list[float]
+    lengths: list[float]
+    """Each window's length on the sampler's clock, s."""
+    total: int
+    stolen_ms: float
+
+    @property
+    def judged(self) -> list[float]:
+        return self.windows[:STALL_WINDOWS]
+
+    @property
+    def about_one(self) -> int:
+        return sum(0.75 < w <= 1.25 for w in self.judged)
+
+    @property
+    def allowed(self) -> int:
+        """Judged windows at about 1 core, less those the host's steal may have cost."""
+        return ABOUT_ONE - min(round(self.stolen_ms / HOST_WINDOW_MS), ABOUT_ONE // 2)
+
+    @property
+    def beyond_one_thread(self) -> list[tuple[int, float]]:
+        """Windows that read more than one thread can fill: its own window, and the stall's
+        tail in the window before, whose throttled time the kernel adds at unthrottle (a
+        sampler running late makes that one longer), cores."""
+        return [(i, w) for i, w in enumerate(self.windows)
+                if w > (self.lengths[i - 1] if i else 0) / self.lengths[i] + 1 + 0.1]  # fmt: skip
+
+    @property
+    def missed(self) -> bool:
+        return self.about_one < self.allowed
+
+
+def measure_a_stalled_thread(layout: Layout) -> Stalled:
+    """100 ms of quota per 1 s period; one busy thread; windows taken on their schedule."""
     tree = CgroupTree(layout)
     child = None
     sampler = None
@@ -136,30 +194,53 @@ def test_a_container_stalled_for_whole_windows_gets_its_demand_back_in_them(
         cg.write_bandwidth(Bandwidth(100_000, period_us=1_000_000))
         sampler = Sampler(layout, lambda known: [Found(cg.path, "", "x", "")])
         sampler.refresh()
-        code = "import time\nend = time.monotonic() + 3.5\nwhile time.monotonic() < end: pass"
+        code = "import time\nend = time.monotonic() + 4.5\nwhile time.monotonic() < end: pass"
         with Isolation(layout):
+            stolen_before = steal_ms()
             child = subprocess.Popen([sys.executable, "-c", code])
             cg.add_process(child.pid)
-            start = time.monotonic()
-            for window in range(1, 31):  # 3 s of windows, on the sampler's schedule
-                time.sleep(max(0.0, start + window * 0.1 - time.monotonic()))
+            times = [time.monotonic()]
+            for window in range(1, SAMPLED_WINDOWS + 1):  # on the sampler's schedule
+                time.sleep(max(0.0, times[0] + window * 0.1 - time.monotonic()))
                 sampler.sample()
+                times.append(time.monotonic())
+            stolen = steal_ms() - stolen_before
         with sampler.lock:
             (series,) = sampler.snapshot()
-        about_one = series.counts[BUCKETS_CORES.index(0.9)] + series.counts[
-            BUCKETS_CORES.index(1.0)] + series.counts[BUCKETS_CORES.index(1.25)]  # fmt: skip
-        print(series.counts, series.wait_us, cg.read_stat())
-        assert series.total == 30
-        # (0.75, 1.25]: it wanted a core throughout. Except in a stall still running when
-        # sampling stops (its wait lands when the thread next runs, after the last window):
-        # up to 9 windows, as the period's phase against the windows falls (seen: 1–7).
-        assert about_one >= 16, series.counts
-        assert series.peak <= 2.0, series.recent  # the stall is not one 10-core window
-        # Without the wait given back, the stalls would be ~26 windows at 0.
-        assert series.counts[0] <= 10, series.counts
+        print(series.counts, series.wait_us, cg.read_stat(), f"stolen {stolen:.0f} ms")
+        print([round(w, 2) for w in series.recent])
+        lengths = [b - a for a, b in itertools.pairwise(times)]
+        return Stalled(list(series.recent), lengths, series.total, stolen)
     finally:
         if child is not None:
             stop(child, timeout_s=5)
         if sampler is not None:
             sampler.close()
         tree.cleanup()
+
+
+@pytest.mark.kernel
+def test_a_container_stalled_for_whole_windows_gets_its_demand_back_in_them(
+    layout: Layout,
+) -> None:
+    """100 ms of quota per 1 s period: the thread runs 100 ms, then is throttled 900 ms,
+    through 9 windows of 100 ms that read no usage. The kernel adds its wait (and its
+    throttled time) when it runs again; the sampler gives it back to those windows, so
+    they read about 1 core each, and the window it runs in about 1 core (up to 2), not 10.
+
+    A measurement the host took more than :data:`REMEASURE_STOLEN_MS` from and that
+    missed is measured again; one it left alone that missed fails at once."""
+    stalled = measure_a_stalled_thread(layout)
+    for _ in range(MORE_MEASUREMENTS):
+        if not (stalled.missed and stalled.stolen_ms >= REMEASURE_STOLEN_MS):
+            break
+        print("measured again: the host took from it and it missed")
+        stalled = measure_a_stalled_thread(layout)
+    assert stalled.total == SAMPLED_WINDOWS
+    # (0.75, 1.25]: it wanted a core throughout.
+    assert stalled.about_one >= stalled.allowed, stalled
+    # The stall is not one 10-core window; the window it ends in reads up to 2 cores
+    # (seen 1.97 quiet).
+    assert not stalled.beyond_one_thread, stalled
+    # Without the wait given back, the stalls would be ~26 windows at 0.
+    assert sum(w <= 0.05 for w in stalled.judged) <= 5, stalled
