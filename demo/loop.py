@@ -17,7 +17,10 @@
 4. ``unthrottle operator`` runs as a process, as users run it: a ThrottlePolicy in
    Recommend mode, then Apply with ``apply.method: InPlace``: each running pod is resized
    through its ``resize`` subresource and the real kubelet writes the new quota; the
-   operator verifies its canary for ``apply.verifyFor`` and gives its own verdict.
+   operator verifies its canary for ``apply.verifyFor`` and gives its own verdict. A
+   Deployment its Apply run leaves as it is (``UpToDate``: beside a CPU hog the batch waits
+   behind other processes, not on its quota, and the node is oversubscribed) is not waited
+   for: the demo prints the operator's reasons and measures it as it is.
 5. Before and after, from the kernel's counters of the cgroups the kubelet made (the
    container's and the pod's), and the p99 the pods' own logs report; the HTML report.
 
