@@ -17,7 +17,10 @@
 4. ``unthrottle operator`` runs as a process, as users run it: a ThrottlePolicy in
    Recommend mode, then Apply with ``apply.method: InPlace``: each running pod is resized
    through its ``resize`` subresource and the real kubelet writes the new quota; the
-   operator verifies its canary for ``apply.verifyFor`` and gives its own verdict.
+   operator verifies its canary for ``apply.verifyFor`` and gives its own verdict. A
+   Deployment its Apply run leaves as it is (``UpToDate``: beside a CPU hog the batch waits
+   behind other processes, not on its quota, and the node is oversubscribed) is not waited
+   for: the demo prints the operator's reasons and measures it as it is.
 5. Before and after, from the kernel's counters of the cgroups the kubelet made (the
    container's and the pod's), and the p99 the pods' own logs report; the HTML report.
 
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -84,6 +88,10 @@ APPS = (("pool", "tune-open-pool.yaml", "600m", "150m"),
 """Name, scenario, CPU limit (as in the scenario) and request of each Deployment."""
 SAVE = os.environ.get("UNTHROTTLE_DEMO_JSON")
 """Where to write the before / after figures as JSON too (the demo's test reads them)."""
+LOGS = os.environ.get("UNTHROTTLE_DEMO_LOGS")
+"""A folder to copy the logs into before the demo removes its own (the kubelet's,
+containerd's, the control plane's, the agent's, the operator's) and the policy's last
+status: the demo's test keeps them beside a failure."""
 
 
 # -- the cluster: a control plane, a real node, the chart's RBAC ---------------------------
@@ -110,7 +118,23 @@ def cluster(folder: Path) -> Iterator[tuple[Admin, RealNode]]:
         admin = Admin(plane)
         for namespace in (NS, RELEASE_NS):
             admin.create_namespace(namespace)
-        yield admin, node
+        try:
+            yield admin, node
+        finally:
+            if LOGS:
+                keep_logs(admin, folder, Path(LOGS))
+
+
+def keep_logs(admin: Admin, folder: Path, into: Path) -> None:
+    """Copy every log below the demo's folder, and the policy's status, into ``into``."""
+    into.mkdir(parents=True, exist_ok=True)
+    for path in folder.rglob("*.log"):
+        if path.is_file():
+            shutil.copyfile(path, into / "-".join(path.relative_to(folder).parts))
+    try:
+        (into / "policy.json").write_text(json.dumps(admin.get(POLICIES, NS, "demo"), indent=1))
+    except Exception as error:  # the logs matter more than the status here
+        (into / "policy.json").write_text(json.dumps({"error": str(error)}))
 
 
 def chart_rbac(admin: Admin) -> dict[str, str]:
@@ -313,16 +337,23 @@ def recommend(admin: Admin) -> dict[str, Any]:
     return found
 
 
-def write_report(admin: Admin) -> Path:
-    """The HTML report of the policy's latest result (from its report ConfigMap)."""
-    from unthrottle.report import Report, render
-    from unthrottle.report.formats import RenderOptions
+def latest_report(admin: Admin) -> Any:
+    """The report of the policy's latest result (its report ConfigMap)."""
+    from unthrottle.report import Report
 
     cm = admin.until("the policy's report ConfigMap",
                      lambda: admin.get("v1/configmaps", NS, "demo-report"), bool)  # fmt: skip
     assert cm is not None
-    report = Report.from_json(json.loads(cm["data"]["report.json"]))
-    text = render(report, "html", RenderOptions(title="unthrottle demo: policy shop/demo"))
+    return Report.from_json(json.loads(cm["data"]["report.json"]))
+
+
+def write_report(admin: Admin) -> Path:
+    """The HTML report of the policy's latest result."""
+    from unthrottle.report import render
+    from unthrottle.report.formats import RenderOptions
+
+    text = render(latest_report(admin), "html",
+                  RenderOptions(title="unthrottle demo: policy shop/demo"))  # fmt: skip
     path = Path(tempfile.gettempdir()) / "unthrottle-demo-report.html"
     path.write_text(str(text))
     return path
@@ -335,17 +366,48 @@ def record(admin: Admin, deployment: str) -> Any:
     return record_of(admin.get(DEPLOYMENTS, NS, deployment) or {})
 
 
-def resize_in_place(admin: Admin, today: dict[str, Pod]) -> dict[str, Pod]:
-    """Apply mode, InPlace: wait until each canary's resize is reported done."""
+LEFT = frozenset({"UpToDate"})
+"""States in which Apply mode changes nothing: the recommendation is today's settings."""
+
+
+def applied(admin: Admin, names: Sequence[str], generation: int
+            ) -> tuple[dict[str, Any], dict[str, str]]:  # fmt: skip
+    """Each Deployment's record once its canary is resized and reported done, or its state
+    once the operator's run for the Apply spec (``generation``) left it as it is."""
+
+    def read() -> tuple[dict[str, Any], dict[str, Any]]:
+        return {n: record(admin, n) for n in names}, status(admin)
+
+    def settled(found: tuple[dict[str, Any], dict[str, Any]]) -> bool:
+        records, now = found
+        seen = (now.get("observedGeneration") or 0) >= generation
+        states = {w["deployment"]: w["state"] for w in now.get("workloads", [])}
+        return all((records[n] is not None and records[n].canary_done_at)
+                   or (records[n] is None and seen and states.get(n) in LEFT)
+                   for n in names)  # fmt: skip
+
+    records, now = admin.until("each canary resized and reported done by the kubelet, or "
+                               "left as it is by the operator's Apply run", read, settled,
+                               timeout_s=180)  # fmt: skip
+    left = {w["deployment"]: w["state"] for w in now.get("workloads", [])
+            if records.get(w["deployment"]) is None}  # fmt: skip
+    return {n: r for n, r in records.items() if r is not None}, left
+
+
+def resize_in_place(admin: Admin, today: dict[str, Pod]
+                    ) -> tuple[dict[str, Pod], dict[str, dict[str, Any]]]:  # fmt: skip
+    """Apply mode, InPlace: wait until each canary's resize is reported done, or the operator
+    left the Deployment as it is (its recommendation is today's settings: on a node busy
+    with other work, the batch may wait mostly behind other processes and not be throttled
+    by its quota: docs/recommend.md, "Busy nodes"); the pods now, and the reasons of each
+    Deployment left as it is."""
     say("5. the operator: Apply mode, apply.method InPlace: each running pod is resized "
         "through its resize subresource (the canary first: here the one pod); the real "
         "kubelet writes the new quota")  # fmt: skip
     policy(admin, {"mode": "Apply", "apply": {"method": "InPlace", "maxConcurrent": 2,
                                               "verifyFor": VERIFY}})  # fmt: skip
-    done = admin.until("each canary resized and reported done by the kubelet",
-                       lambda: {n: record(admin, n) for n in today},
-                       lambda r: all(x is not None and x.canary_done_at for x in r.values()),
-                       timeout_s=180)  # fmt: skip
+    generation = int((admin.get(POLICIES, NS, "demo") or {})["metadata"]["generation"])
+    done, states = applied(admin, list(today), generation)
     for name, found in done.items():
         changes = "; ".join(f"limit {format_cpu(c.before.cpu_limit or 0)} → "
                             f"{format_cpu(c.after.cpu_limit or 0)}, burst "
@@ -353,7 +415,23 @@ def resize_in_place(admin: Admin, today: dict[str, Pod]) -> dict[str, Pod]:
                             for c in found.containers)  # fmt: skip
         print(f"  {name:<6} {found.method}: {changes}; canary {found.canary}, resized "
               f"{found.canary_done_at - found.at:.1f} s after the patch")  # fmt: skip
-    return current(admin, today)
+    report = latest_report(admin) if states else None
+    left = {name: advice(report, name) | {"state": state} for name, state in states.items()}
+    for name, why in left.items():
+        print(f"  {name:<6} {why['state']}: left as it is (throttled in "
+              f"{(why['throttle_ratio'] or 0) * 100:.0f} % of periods over the operator's "
+              "window); its reasons:")  # fmt: skip
+        for line in why["reasons"]:
+            print(f"           - {line}")
+    return current(admin, today), left
+
+
+def advice(report: Any, deployment: str) -> dict[str, Any]:
+    """The Deployment's container in the report: its throttle ratio over the window and the
+    recommendation's reasons, step by step."""
+    (c,) = [c for w in report.workloads if w.deployment == deployment
+            for c in w.containers if c.name == CONTAINER]  # fmt: skip
+    return {"throttle_ratio": c.throttle_ratio, "reasons": list(c.notes())}
 
 
 def burst_written(layout: Any, node: RealNode, pods: dict[str, Pod], timeout_s: float = 30) -> None:
@@ -432,11 +510,11 @@ def on_the_node(layout: Any, folder: Path) -> dict[str, Any]:
             with operator(kubeconfigs["operator"], prom.url, folder):
                 recommended = recommend(admin)
                 report = write_report(admin)
-                now = resize_in_place(admin, today)
+                now, left = resize_in_place(admin, today)
                 burst_written(layout, node, now)
                 after = measure(layout, node, now, "resized")
                 waits.append(agent_wait(prom.url, now))
-                records = verdicts(admin, list(today))
+                records = verdicts(admin, [n for n in today if n not in left])
                 now = current(admin, today)
             named, cadvisor = named_by_agent(prom.url), cadvisor_containers(prom.url)
         print(f"  the agent named: {', '.join(named)}\n  cAdvisor's series in {NS}: "
@@ -451,7 +529,7 @@ def on_the_node(layout: Any, folder: Path) -> dict[str, Any]:
                "recommended": recommended.get("workloads"), "report": str(report),
                "verdicts": {n: {"verdict": r.verdict, "reason": r.verdict_reason,
                                 "ratio_after": r.ratio_after} for n, r in records.items()},
-               "misses": misses, "folder": str(folder), "pids": pids,
+               "left": left, "misses": misses, "folder": str(folder), "pids": pids,
                "cgroup_root": str(node.cgroup_root)}  # fmt: skip
         closing(admin.plane, report)
     return doc
