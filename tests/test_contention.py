@@ -100,6 +100,18 @@ class TestTheEngineCountsTheWait:
         assert any(r.startswith("the node is oversubscribed (4.0 s waiting for a CPU") and
                    f"({without.limit_millicores}m with it)" in r for r in rec.reasons)  # fmt: skip
 
+    def test_a_limit_held_for_the_wait_expects_what_was_measured_at_it(self) -> None:
+        # The wait behind others counted as demand would throttle 1000m in most windows;
+        # the quota did not (0 of its periods): kept, the measure is the expectation.
+        evidence = period_evidence([100, 120, 130], Waits(throttled_s=0.0, contention_s=4.0), 0.0)
+        rec = recommend(evidence, Current(1000), POLICY)
+        assert rec.limit_millicores == 1000
+        assert rec.expected_throttle_ratio == 0.0
+        assert not any("is not met" in r for r in rec.reasons), rec.reasons
+        throttled = period_evidence([100, 120, 130], Waits(throttled_s=0.5, contention_s=1.5), 0.6)
+        raised = recommend(throttled, Current(600), POLICY)  # over the target: not held
+        assert raised.expected_throttle_ratio != raised.current_throttle_ratio
+
     def test_a_lower_limit_is_still_given_on_an_oversubscribed_node(self) -> None:
         evidence = period_evidence([20, 25, 30], Waits(throttled_s=0.0, contention_s=3.0), 0.0)
         rec = recommend(evidence, Current(1000), POLICY)

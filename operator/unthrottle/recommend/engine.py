@@ -182,6 +182,11 @@ def recommend(evidence: Evidence, current: Current, policy: Policy) -> Recommend
         lower = None  # a point estimate (or a step or bound held the top down to the bottom)
     gomaxprocs, jvm, notes = processors(draft.limit, current, policy)
     expected = _expected_ratio(evidence, draft, current.period_us)
+    if _held_for_contention(evidence, draft, current, policy, ratio):
+        # nothing changes, and the demand that would throttle it (the wait behind others)
+        # is not the quota's: today's measure is the expectation (the demo beside a hog
+        # read "expected 100 %" at a limit the kernel throttled 0–0.4 % of periods)
+        expected = ratio
     if expected is not None and expected > policy.target_ratio:
         draft = draft.but(
             reason=f"the target {policy.target_ratio:g} is not met under this recommendation "
@@ -300,6 +305,19 @@ def _waited(
         )
     return draft.but(reason=f"the node is oversubscribed ({waited}): a higher limit would not "
                      "give it the CPU")  # fmt: skip
+
+
+def _held_for_contention(
+    evidence: Evidence, draft: Draft, current: Current, policy: Policy, ratio: float | None
+) -> bool:
+    """Today's settings kept on an oversubscribed node (:func:`_waited`): the threads waited
+    mostly behind other processes and the quota kept them under the target."""
+    waits = evidence.waits
+    return (isinstance(evidence, PeriodEvidence) and waits is not None
+            and waits.contention_s > 0 and waits.mostly_contention
+            and ratio is not None and ratio <= policy.target_ratio
+            and (draft.limit, draft.burst_us)
+            == (current.limit_millicores, current.burst_us))  # fmt: skip
 
 
 def _with_wait(draft: Draft, evidence: Evidence, current: Current, policy: Policy) -> Draft:
