@@ -115,10 +115,14 @@ def test_tune_meets_the_target_in_a_pod_with_what_it_recommends_alone() -> None:
     for tried in [in_pod["before"], in_pod["after"], *(b["after"] for b in in_pod["baselines"])]:
         assert tried["limit"].get("pod_quota") is True and "pod" in tried
     limit, after = final_of(in_pod)
-    # the pod's periods, at most one finer than the target (a tune's run is short: once
-    # 1 of the pod's 7 periods throttled, 0.14, beside 1.9 s of host steal)
+    # the container's periods and the pod's, each compared no finer than one period of the
+    # run (a tune's run is short: 6-7 periods, a ratio in steps of 0.14-0.17). The kernel's
+    # own minimum for this batch is 1,980-2,000m (bench/results/tune-sweep.md), and an
+    # answer there throttled 1 of 6 periods beside a hog (1,980m, the host taking nothing);
+    # once 1 of the pod's 7 throttled, beside 1.9 s of host steal. An answer short of the
+    # need throttles most of them (VPA's 1,150m: 10 of 10).
     pod = after["pod"]
-    assert after["throttle_ratio"] <= MET, (limit, after)
+    assert after["throttle_ratio"] <= MET or after["nr_throttled"] <= 1, (limit, after)
     assert pod["throttle_ratio"] <= MET or pod["nr_throttled"] <= 1, (limit, pod, in_pod)
     assert_small(in_pod)
     # the kernel's spread of the answer alone: this run's tune and the saved ones (one CI
