@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from conftest import KERNEL_LAYOUT, ROOT
-from test_lab_tune import MET, assert_small
+from test_lab_tune import MET, assert_small, judged
 from unthrottle.cfs import RunFigures
 from unthrottle.cfs.pod import stalled_us
 from unthrottle.lab import LabOptions, run_scenario
@@ -103,6 +103,17 @@ def final_of(result: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     return result["recommendation"]["limit_millicores"], result["after"]
 
 
+def meets(run: dict[str, Any]) -> bool:
+    """The target met in the container's periods and the pod's, each compared no finer
+    than one period of the run (below)."""
+    pod = run["pod"]
+    return all(r["throttle_ratio"] <= MET or r["nr_throttled"] <= 1 for r in (run, pod))
+
+
+def misses(result: dict[str, Any]) -> bool:
+    return not meets(final_of(result)[1])
+
+
 @pytest.mark.slow
 def test_tune_meets_the_target_in_a_pod_with_what_it_recommends_alone() -> None:
     """``lab tune`` of the batch in a pod with a quota: every run of the tune keeps the pod
@@ -110,7 +121,7 @@ def test_tune_meets_the_target_in_a_pod_with_what_it_recommends_alone() -> None:
     bigger than the test measured the batch to need, and is what the same tune answers
     without the pod quota, within the kernel's spread (this run's answer alone and those of
     bench/results/pod-stall.json)."""
-    in_pod = tune(ROOT / "scenarios" / "tune-batch-pod-quota.yaml")
+    in_pod = judged(lambda: tune(ROOT / "scenarios" / "tune-batch-pod-quota.yaml"), misses)
     alone = tune(ROOT / "scenarios" / "tune-batch-parallel.yaml")
     for tried in [in_pod["before"], in_pod["after"], *(b["after"] for b in in_pod["baselines"])]:
         assert tried["limit"].get("pod_quota") is True and "pod" in tried
@@ -121,9 +132,7 @@ def test_tune_meets_the_target_in_a_pod_with_what_it_recommends_alone() -> None:
     # answer there throttled 1 of 6 periods beside a hog (1,980m, the host taking nothing);
     # once 1 of the pod's 7 throttled, beside 1.9 s of host steal. An answer short of the
     # need throttles most of them (VPA's 1,150m: 10 of 10).
-    pod = after["pod"]
-    assert after["throttle_ratio"] <= MET or after["nr_throttled"] <= 1, (limit, after)
-    assert pod["throttle_ratio"] <= MET or pod["nr_throttled"] <= 1, (limit, pod, in_pod)
+    assert meets(after), (limit, after, in_pod)
     assert_small(in_pod)
     # the kernel's spread of the answer alone: this run's tune and the saved ones (one CI
     # run beside 3.7 s of host steal answered 1,490m alone, and 1,950m in the pod)
