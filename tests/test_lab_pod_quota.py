@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from conftest import KERNEL_LAYOUT, ROOT
+from test_lab_seeds import MORE_REPEATS, disturbed
 from test_lab_tune import MET, assert_small, judged
 from unthrottle.cfs import RunFigures
 from unthrottle.cfs.pod import stalled_us
@@ -82,7 +83,20 @@ def test_the_pods_stall_is_what_the_containers_counters_miss(
 def test_the_model_agrees_with_every_run_of_the_pod_scenario(
     measured: list[list[RunFigures]],
 ) -> None:
-    found = agreement(load_scenario(POD_BATCH), measured, cores=2)
+    """By the rules of test_lab_seeds: measured again, at most MORE_REPEATS times, while a
+    run disagrees only in measurements the host took REMEASURE_LOST_MS or more from (beside
+    a hog the pod run read 0.83 and 0.39 of its periods throttled against the model's 1.00
+    while the host took 209 and 427 ms from it)."""
+    assert KERNEL_LAYOUT is not None
+    scenario = load_scenario(POD_BATCH)
+    repeats = list(measured)
+    found = agreement(scenario, repeats, cores=2)
+    for _ in range(MORE_REPEATS):
+        if not any(disturbed(run) for run in found):
+            break
+        print("measured again, the host took from every measurement of a run that disagrees")
+        repeats.append(run_scenario(scenario, KERNEL_LAYOUT, LabOptions(isolate=True, pin=True)))
+        found = agreement(scenario, repeats, cores=2)
     misses = [a.describe() for a in found if not a.agrees]
     assert not misses, "\n".join(misses)
 
