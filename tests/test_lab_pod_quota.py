@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from conftest import KERNEL_LAYOUT, ROOT
-from test_lab_tune import MET, assert_small
+from test_lab_seeds import MORE_REPEATS, disturbed
+from test_lab_tune import MET, assert_small, judged
 from unthrottle.cfs import RunFigures
 from unthrottle.cfs.pod import stalled_us
 from unthrottle.lab import LabOptions, run_scenario
@@ -82,7 +83,20 @@ def test_the_pods_stall_is_what_the_containers_counters_miss(
 def test_the_model_agrees_with_every_run_of_the_pod_scenario(
     measured: list[list[RunFigures]],
 ) -> None:
-    found = agreement(load_scenario(POD_BATCH), measured, cores=2)
+    """By the rules of test_lab_seeds: measured again, at most MORE_REPEATS times, while a
+    run disagrees only in measurements the host took REMEASURE_LOST_MS or more from (beside
+    a hog the pod run read 0.83 and 0.39 of its periods throttled against the model's 1.00
+    while the host took 209 and 427 ms from it)."""
+    assert KERNEL_LAYOUT is not None
+    scenario = load_scenario(POD_BATCH)
+    repeats = list(measured)
+    found = agreement(scenario, repeats, cores=2)
+    for _ in range(MORE_REPEATS):
+        if not any(disturbed(run) for run in found):
+            break
+        print("measured again, the host took from every measurement of a run that disagrees")
+        repeats.append(run_scenario(scenario, KERNEL_LAYOUT, LabOptions(isolate=True, pin=True)))
+        found = agreement(scenario, repeats, cores=2)
     misses = [a.describe() for a in found if not a.agrees]
     assert not misses, "\n".join(misses)
 
@@ -103,6 +117,17 @@ def final_of(result: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     return result["recommendation"]["limit_millicores"], result["after"]
 
 
+def meets(run: dict[str, Any]) -> bool:
+    """The target met in the container's periods and the pod's, each compared no finer
+    than one period of the run (below)."""
+    pod = run["pod"]
+    return all(r["throttle_ratio"] <= MET or r["nr_throttled"] <= 1 for r in (run, pod))
+
+
+def misses(result: dict[str, Any]) -> bool:
+    return not meets(final_of(result)[1])
+
+
 @pytest.mark.slow
 def test_tune_meets_the_target_in_a_pod_with_what_it_recommends_alone() -> None:
     """``lab tune`` of the batch in a pod with a quota: every run of the tune keeps the pod
@@ -110,16 +135,18 @@ def test_tune_meets_the_target_in_a_pod_with_what_it_recommends_alone() -> None:
     bigger than the test measured the batch to need, and is what the same tune answers
     without the pod quota, within the kernel's spread (this run's answer alone and those of
     bench/results/pod-stall.json)."""
-    in_pod = tune(ROOT / "scenarios" / "tune-batch-pod-quota.yaml")
+    in_pod = judged(lambda: tune(ROOT / "scenarios" / "tune-batch-pod-quota.yaml"), misses)
     alone = tune(ROOT / "scenarios" / "tune-batch-parallel.yaml")
     for tried in [in_pod["before"], in_pod["after"], *(b["after"] for b in in_pod["baselines"])]:
         assert tried["limit"].get("pod_quota") is True and "pod" in tried
     limit, after = final_of(in_pod)
-    # the pod's periods, at most one finer than the target (a tune's run is short: once
-    # 1 of the pod's 7 periods throttled, 0.14, beside 1.9 s of host steal)
-    pod = after["pod"]
-    assert after["throttle_ratio"] <= MET, after
-    assert pod["throttle_ratio"] <= MET or pod["nr_throttled"] <= 1, pod
+    # the container's periods and the pod's, each compared no finer than one period of the
+    # run (a tune's run is short: 6-7 periods, a ratio in steps of 0.14-0.17). The kernel's
+    # own minimum for this batch is 1,980-2,000m (bench/results/tune-sweep.md), and an
+    # answer there throttled 1 of 6 periods beside a hog (1,980m, the host taking nothing);
+    # once 1 of the pod's 7 throttled, beside 1.9 s of host steal. An answer short of the
+    # need throttles most of them (VPA's 1,150m: 10 of 10).
+    assert meets(after), (limit, after, in_pod)
     assert_small(in_pod)
     # the kernel's spread of the answer alone: this run's tune and the saved ones (one CI
     # run beside 3.7 s of host steal answered 1,490m alone, and 1,950m in the pod)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from conftest import KERNEL_LAYOUT, ROOT
+from test_lab_seeds import REMEASURE_LOST_MS
 
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
 RUN_KEYS = {"limit", "latency_ms", "wall_ms", "nr_periods", "nr_throttled", "throttled_ms",
@@ -22,19 +24,74 @@ OVER = 1.25
 within 1.25 × the kernel's minimum); the 10 % headroom takes most of it."""
 
 
+MORE_TUNES = 2
+"""How many times a tune is run again whose answer misses, sized from runs the host took
+from (:func:`judged`)."""
+
+
+def final_run(result: dict[str, Any]) -> dict[str, Any]:
+    """The run of our last answer: the refined one's when there is one."""
+    run: dict[str, Any] = result["refined"]["after"] if result["refined"] else result["after"]
+    return run
+
+
+def sized_from(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The runs our last answer was sized from: today's, and the first answer's if refined."""
+    return [result["before"], *([result["after"]] if result["refined"] else [])]
+
+
+def judged(
+    run_tune: Callable[[], dict[str, Any]], misses: Callable[[dict[str, Any]], bool]
+) -> dict[str, Any]:
+    """A tune, run again (at most :data:`MORE_TUNES` times) while its answer misses and the
+    host took :data:`REMEASURE_LOST_MS` or more from a run the answer was sized from: what
+    it takes is neither usage nor wait, so the evidence reads less demand than there was.
+    Beside a hog, with 2-8 s of host steal over a test, the tune in a pod answered
+    1,350-1,730m (a burst beside the first three), throttled in 3-7 of 8-11 periods. An
+    answer that misses from runs the host left alone fails at once."""
+    result = run_tune()
+    for _ in range(MORE_TUNES):
+        took = max(run["lost_ms"] for run in sized_from(result))
+        if not misses(result) or took < REMEASURE_LOST_MS:
+            break
+        print(f"{result['scenario']}: tuned again, the host took {took:.0f} ms from a run "
+              "the answer was sized from")  # fmt: skip
+        result = run_tune()
+    return result
+
+
 def needed_millicores(result: dict[str, Any]) -> float:
     """What the test itself measured the workload to need: the demand today's run showed
-    (usage + the larger of throttled time and wait, over its wall time), or a smaller
-    limit that it saw meet the target (a baseline's, or ours), whichever is less."""
+    (usage + the larger of throttled time and wait, over the wall time the host left it:
+    what it took from the tasks, ``lost_ms``, was neither), or a smaller limit that it saw
+    meet the target (a baseline's, or ours), whichever is less."""
     before = result["before"]
     demand = before["usage_ms"] + max(before["throttled_ms"], before["wait_ms"])
+    wall_ms = before["wall_ms"] - before["lost_ms"]
     tried = [(b["limit_millicores"], b["after"]) for b in result["baselines"]]
     tried.append((result["recommendation"]["limit_millicores"], result["after"]))
     if result["refined"]:
         refined = result["refined"]
         tried.append((refined["recommendation"]["limit_millicores"], refined["after"]))
     met = [limit for limit, after in tried if after["throttle_ratio"] <= MET]
-    return min([1000 * demand / before["wall_ms"], *met])
+    return min([1000 * demand / wall_ms, *met])
+
+
+def spared(run: dict[str, Any], period_ms: float = 100.0) -> float:
+    """How many of a busy thread's periods the host, or other processes, could have kept
+    from its quota: in a period it was not throttled in, it ran less than the quota, so
+    it lost or waited behind others the rest, at least period − quota. The lab measures
+    what the host took from its tasks (``lost_ms``: steal), and wait beyond throttled time
+    is the others'. Once on CI, beside 5.9 s of host steal over the test, half a CPU was
+    throttled in 29 of its 36 periods."""
+    free_ms = period_ms * (1 - run["limit"]["cpus"])
+    others_ms = max(0.0, run["wait_ms"] - run["throttled_ms"])
+    return float((run["lost_ms"] + others_ms) / free_ms)
+
+
+def throttled_but_for_the_host(run: dict[str, Any]) -> float:
+    """A busy thread's throttle ratio counting the periods :func:`spared` as throttled."""
+    return float((run["nr_throttled"] + spared(run)) / run["nr_periods"])
 
 
 def assert_small(result: dict[str, Any]) -> None:
@@ -55,12 +112,17 @@ def test_tune_brings_a_throttled_workload_under_the_target_where_vpa_does_not() 
     so it holds beside other load."""
     assert KERNEL_LAYOUT is not None, "conftest fails a CI run without a cgroup CPU controller"
     scenario = ROOT / "scenarios" / "tune-serial-30ms.yaml"
-    out = subprocess.run(
-        [str(UNTHROTTLE), "lab", "tune", "--json", "--isolate", str(scenario)],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    result = json.loads(out.stdout)
+
+    def run_tune() -> dict[str, Any]:
+        out = subprocess.run(
+            [str(UNTHROTTLE), "lab", "tune", "--json", "--isolate", str(scenario)],
+            capture_output=True, text=True, timeout=300, check=False,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        tuned: dict[str, Any] = json.loads(out.stdout)
+        return tuned
+
+    result = judged(run_tune, lambda tuned: final_run(tuned)["throttle_ratio"] > MET)
     assert result["scenario"] == "tune-serial-30ms" and result["target"] == 0.05
     assert set(result["before"]) >= RUN_KEYS and set(result["after"]) >= RUN_KEYS
     rec = result["recommendation"]
@@ -69,14 +131,14 @@ def test_tune_brings_a_throttled_workload_under_the_target_where_vpa_does_not() 
     assert rec["burst_us"] <= rec["limit_millicores"] * 100  # never above the quota
     names = {b["name"]: b for b in result["baselines"]}
     assert set(names) == {"vpa", "krr-simple-limit", "2x-average"}
-    assert result["before"]["throttle_ratio"] > 0.9  # half a CPU for a busy thread
-    final = result["refined"]["after"] if result["refined"] else result["after"]
-    assert final["throttle_ratio"] <= MET
+    # half a CPU for a busy thread: throttled in every period the host left it
+    assert throttled_but_for_the_host(result["before"]) > 0.9, result["before"]
+    assert final_run(result)["throttle_ratio"] <= MET
     # and no bigger than it needs: a busy thread wants one CPU (2x-average's 1002m met
     # the target in docs/benchmarks.md §4; ours 1110m, with its 10 % headroom)
     assert_small(result)
     # VPA sizes from censored usage and keeps the container throttled.
-    assert names["vpa"]["after"]["throttle_ratio"] > 0.5
+    assert throttled_but_for_the_host(names["vpa"]["after"]) > 0.5, names["vpa"]["after"]
     assert names["vpa"]["limit_millicores"] < rec["limit_millicores"]
 
 

@@ -11,6 +11,7 @@ with its truth (the same workload unlimited): they are replayed here.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from typing import Any
@@ -19,7 +20,7 @@ import numpy as np
 
 from conftest import ROOT
 from unthrottle.cgroups import CpuStat
-from unthrottle.lab.sampling import LATE_NS, Reading, Refills, attribute
+from unthrottle.lab.sampling import LATE_NS, PeriodSamples, Reading, Refills, attribute
 
 sys.path.insert(0, str(ROOT / "bench"))
 import late_readings
@@ -101,6 +102,27 @@ def test_a_refill_the_kernel_booked_after_the_reading_goes_with_its_period() -> 
     assert [u + t for u, t in zip(usage, throttled, strict=True)] == [200_000] * 5
     usage, throttled, _ = attribute(readings, REFILLS)  # threads unknown: not moved back
     assert [u + t for u, t in zip(usage, throttled, strict=True)][3:] == [114_000, 286_000]
+
+
+def test_a_wait_booked_when_the_thread_next_ran_goes_back_to_its_window() -> None:
+    """The kernel books a thread's wait when the thread next runs: a thread stalled across
+    a boundary has its wait in the window after. Measured in a pod whose quota ran out
+    first, windows read 44-57 ms of wait beside 136-144 ms. Two threads cannot wait more
+    than 200 ms a period beside their usage, so the excess is the window before's; the two
+    quotas' stall, capped by each window's wait (cfs.pod.stalled_us), then reads what the
+    window wanted, not 150 ms (and the next 240, cut to 200)."""
+    booked = [0, 95_000, 145_000, 285_000]  # 95, 50 and 140 ms of wait as read
+    readings = [(k * 100_000_000 + (1_000_000 if k else 0),
+                 dataclasses.replace(stat(100_000 * k, 50_000 * k, k), wait_us=wait))
+                for k, wait in enumerate(booked)]  # fmt: skip
+    usage, throttled, wait = attribute(readings, REFILLS, threads=2)
+    assert wait == [95_000, 90_000, 100_000]
+    pod = np.full(3, 45_000, dtype=np.int64)  # the pod's own stall, booked in the pod
+    samples = PeriodSamples(np.asarray(usage), np.asarray(throttled), P // 1000,
+                            np.asarray(wait), threads=2, pod_throttled_us=pod)  # fmt: skip
+    assert samples.demand_us.tolist() == [195_000, 190_000, 200_000]
+    as_read = attribute(readings, REFILLS)  # threads unknown: nothing moved back
+    assert as_read[2] == [95_000, 50_000, 140_000]
 
 
 def stat(usage_us: int, throttled_us: int, periods: int) -> CpuStat:
