@@ -9,7 +9,9 @@ threads' run delay (the wait, ``cgroups.waits``) shows the rest. At 0.6 CPU, hal
 core is under the quota: never throttled, it only waits, and the node is
 oversubscribed. The runs are isolated (``LabOptions.isolate``): the machine's own load
 is kept out, the other threads the run asks for are not. The model predicts each busy
-run (``agreement.compare``).
+run (``agreement.compare``); a busy run that disagrees while the host took 50 ms or more
+from its tasks (steal) is measured again, twice at most (beside a hog in CI: throttled
+in 0.92 of its periods against 1.00, with 490 ms of steal).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from test_lab_seeds import MORE_REPEATS, REMEASURE_LOST_MS
 from unthrottle.cfs.figures import RunFigures
 from unthrottle.cgroups import Layout
 from unthrottle.lab import LabOptions, run_sampled
@@ -68,6 +71,14 @@ def test_contention_hides_demand_the_wait_shows_and_the_recommendations_agree(
     quiet_run, busy_run = SCENARIO.runs
     quiet = [run_sampled(workload, quiet_run, layout, OPTIONS) for _ in range(2)]
     busy_figures, busy = run_sampled(workload, busy_run, layout, OPTIONS)
+    for _ in range(MORE_REPEATS):  # the host's, not the model's: measured again
+        if not (
+            compare(workload, busy_run, busy_figures, CORES).misses
+            and float(busy_figures.extra.get("lost_ms") or 0.0) >= REMEASURE_LOST_MS
+        ):
+            break
+        print(f"busy: measured again, the host took {busy_figures.extra.get('lost_ms')} ms")
+        busy_figures, busy = run_sampled(workload, busy_run, layout, OPTIONS)
     assert not spinners()  # the other threads were killed by PID with the run
     for root in layout.roots:  # and their cgroups removed
         assert not list(root.glob(f"{NEIGHBOUR_PREFIX}*"))

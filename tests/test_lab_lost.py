@@ -52,10 +52,11 @@ one tick of what the host took."""
 
 def host_took_at_most(stolen_ms: float) -> float:
     """What the host may have taken from the worker's CPU, by its steal counter's change
-    (``stolen_ms``), ms: nothing when the counter held still, else up to a tick more. Steal
-    comes in spells of seconds (docs/benchmarks.md §3), so a task it touches moves the
-    counter (once on CI a task stopped for 60 ms lost 72.6 ms, beside 30 ms of steal)."""
-    return stolen_ms + STEAL_RESOLUTION_MS if stolen_ms > 0 else 0.0
+    (``stolen_ms``), ms: up to a tick more than the counter moved, since a difference of
+    two readings of a tick counter hides up to a tick (beside a hog in CI a 20 ms task lost
+    3.9 ms while the counter held still; once a task stopped for 60 ms lost 72.6 ms beside
+    30 ms of steal)."""
+    return stolen_ms + STEAL_RESOLUTION_MS
 
 
 class Stopper(threading.Thread):
@@ -121,12 +122,16 @@ def test_a_throttled_task_lost_nothing(layout: Layout) -> None:
         cg = tree.make(f"unthrottle-test-lost-{os.getpid()}")
         cg.write_bandwidth(Bandwidth(10_000, 100_000))
         with Workers(1) as workers:
+            os.sched_setaffinity(workers.pids[0], {CPU})
             cg.add_process(workers.pids[0])
-            before = cg.read_stat()
+            before, stolen = cg.read_stat(), steal_ms(cpu=CPU)
             latency, lost = task(workers, 30)
             throttled = cg.read_stat().nr_throttled - before.nr_throttled
+            stolen = steal_ms(cpu=CPU) - stolen
     finally:
         tree.cleanup()
-    print(latency, lost, throttled)
+    print(latency, lost, throttled, stolen)
     assert throttled >= 2 and latency >= 150, (latency, throttled)
-    assert lost < 5, (latency, lost)
+    # the quota's 150 ms and more are not lost; what the host took while it ran is (beside
+    # a hog in CI: 16.2 ms, with 80 ms of steal over both CPUs)
+    assert lost < 5 + host_took_at_most(stolen), (latency, lost, stolen)

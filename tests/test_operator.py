@@ -215,8 +215,8 @@ def test_a_second_policy_over_the_same_deployments_gets_a_conflict(running: Runn
     checkout = _workload(status, "checkout")
     assert checkout["state"] == "Skipped" and "pay" in checkout["message"]
     assert _workload(status, "batch")["state"] == "Recommended"  # only the newer one has it
-    assert any(e["reason"] == "Conflict" and e["type"] == "Warning"
-               for e in running.events(shop, "everything"))  # fmt: skip
+    running.events_when(shop, "everything", lambda events: any(
+        e["reason"] == "Conflict" and e["type"] == "Warning" for e in events))  # fmt: skip
     # the older policy keeps its Deployments
     pay = running.kube.get(POLICIES, shop, "pay")
     assert pay is not None
@@ -285,8 +285,8 @@ def test_an_invalid_spec_is_degraded_naming_the_field_and_others_keep_working(
     degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
     assert degraded["reason"] == "InvalidSpec"
     assert field in degraded["message"]
-    assert any(e["reason"] == "InvalidSpec" and field in e["message"]
-               for e in running.events(web, name))  # fmt: skip
+    running.events_when(web, name, lambda events: any(
+        e["reason"] == "InvalidSpec" and field in e["message"] for e in events))  # fmt: skip
     running.policy(web, f"good-{name}", {"window": "12h"})
     good = running.status_when(web, f"good-{name}", lambda s: bool(s["summary"]))
     assert [w["deployment"] for w in good["workloads"]] == ["frontend"]
@@ -335,8 +335,9 @@ def test_prometheus_stopped_gives_degraded_and_keeps_the_last_good_status(
     assert status["lastGoodRun"] == good["lastGoodRun"]
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
     assert ready["status"] == "False" and good["lastGoodRun"] in ready["message"]
-    assert any(e["reason"] == "PrometheusUnavailable" and e["type"] == "Warning"
-               for e in running.events(shop, "pay"))  # fmt: skip
+    running.events_when(shop, "pay", lambda events: any(
+        e["reason"] == "PrometheusUnavailable" and e["type"] == "Warning"
+        for e in events))  # fmt: skip
     # Prometheus back on the same address: the policy recovers on its next retry
     running.prom.port, running.prom.url = port, f"http://127.0.0.1:{port}"
     running.prom.__enter__()
