@@ -165,3 +165,36 @@ class TestSeveralContainersOfAPod:
     def test_containers_and_their_series_must_match(self) -> None:
         with pytest.raises(ValueError, match="one series per container"):
             simulate_pod_series([self.BUSY], [ONE_CPU, ONE_CPU], ONE_CPU)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_a_pod_whose_quota_and_burst_are_its_containers_sums_throttles_none_of_them_more(
+    seed: int,
+) -> None:
+    # a kubelet's pod quota is the sum of the limits, and the agent writes the sum of the
+    # bursts into the pod: each container's own bucket then binds first, so sizing each
+    # container to the target sizes the sum (on one grid: the phase between them is the
+    # kernel's, measured in the pod's counters and counted into the containers' demand)
+    rng = np.random.default_rng(seed)
+    k = int(rng.integers(2, 4))
+    demands = [np.where(rng.random(300) < 0.5, rng.integers(0, 250_000, 300), 0) for _ in range(k)]
+    containers = []
+    for _ in range(k):
+        quota = int(rng.integers(10_000, 150_000))
+        containers.append(Bandwidth(quota, 100_000, int(rng.integers(0, quota + 1))))
+    pod = Bandwidth(sum(c.quota_us or 0 for c in containers), 100_000,
+                    sum(c.burst_us for c in containers))  # fmt: skip
+    together = simulate_pod_series(demands, containers, pod)
+    assert together.pod_nr_throttled == 0
+    for demand, container, result in zip(demands, containers, together.containers, strict=True):
+        alone = simulate_series(demand, container)
+        assert (result.nr_throttled, result.used_us) == (alone.nr_throttled, alone.used_us)
+
+
+def test_a_pod_without_its_containers_bursts_throttles_them_when_they_burst_together() -> None:
+    each = Bandwidth(50_000, 100_000, 50_000)
+    demands = [[0, 100_000, 0], [0, 100_000, 0]]
+    summed = simulate_pod_series(demands, [each, each], Bandwidth(100_000, 100_000, 100_000))
+    bare = simulate_pod_series(demands, [each, each], Bandwidth(100_000, 100_000))
+    assert summed.pod_nr_throttled == 0 and summed.worst_ratio == 0
+    assert bare.pod_nr_throttled == 1 and bare.worst_ratio > 0
