@@ -367,7 +367,10 @@ def test_a_kubelet_with_the_static_cpu_manager_finds_the_resize_infeasible(
     The pod goes unready after the kubelet's answer (a restarted kubelet reports its pods
     unready until their probes run again; here its probe fails once a burst is written):
     a resize never actuated did not do that, so the reason stays the kubelet's. Once on CI
-    it read "not Ready since its resize"."""
+    it read "not Ready since its resize".
+
+    The restart waits until the node holds this test's pod alone: beside a hog, the pods of
+    the tests before, still terminating, had the restarted kubelet reject it (OutOfcpu)."""
     resources = {"requests": {"cpu": "500m", "memory": "128Mi"},
                  "limits": {"cpu": "500m", "memory": "128Mi"}}  # fmt: skip
     python = str(Path(sys.executable))
@@ -384,6 +387,10 @@ def test_a_kubelet_with_the_static_cpu_manager_finds_the_resize_infeasible(
                           lambda p: any(c["type"] == "Ready" and c["status"] == want
                                         for c in p["status"].get("conditions") or []))  # fmt: skip
 
+        # a restarted kubelet admits its pods again against its allocatable (1.5 CPUs with
+        # the static policy's reserved CPU): the tests before's pods, still going with their
+        # namespaces, once had it reject this one (OutOfcpu: used 1400 of 1500) beside a hog
+        _only_ours_on(rw, real_node)
         real_node.restart_kubelet(static_cpu_manager=True)
         try:
             ready("True")
