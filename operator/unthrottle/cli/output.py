@@ -146,6 +146,13 @@ def print_tune(result: TuneResult) -> None:
                        f"confidence {rec.confidence} ({rec.confidence_label})"))  # fmt: skip
     for reason in rec.reasons:
         console.print(Text(f"  - {plain(reason)}"))
+    if result.sidecar is not None:  # a two-container pod: the sidecar's own answer
+        side = result.sidecar.refined or result.sidecar.recommendation
+        console.print(Text(f"sidecar: {side.limit_millicores}m, expected throttle ratio "
+                           f"{side.expected_throttle_ratio}, confidence {side.confidence} "
+                           f"({side.confidence_label})"))  # fmt: skip
+        for reason in side.reasons:
+            console.print(Text(f"  - {plain(reason)}"))
 
 
 def print_table(title: str, rows: Sequence[tuple[Scenario, Sequence[RunFigures]]]) -> None:

@@ -301,11 +301,13 @@ class PeriodSampler:
 
     def _sibling_usage(self, readings: list[Reading]) -> npt.NDArray[np.int64]:
         """The other containers' usage in this container's windows: the same readings split
-        by the same refills (this container's, so that the windows are the same)."""
+        by the same refills. It rides in the wait's place, which is split as the window's
+        own counters decide (whether it ran, how many refills it holds), so the windows are
+        this container's; the usage in its place is its own, as in :meth:`samples`."""
         used = self.reader.sibling_usage
-        others = [(t, dataclasses.replace(stat, usage_us=u))
+        others = [(t, dataclasses.replace(stat, wait_us=u))
                   for (t, stat), u in zip(readings, used, strict=True)]  # fmt: skip
-        return np.asarray(attribute(others, self.refills)[0], dtype=np.int64)
+        return np.asarray(attribute(others, self.refills)[2], dtype=np.int64)
 
     def samples(self) -> PeriodSamples:
         """What was sampled, as arrays, a period each, attributed by refills."""
