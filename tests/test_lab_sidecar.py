@@ -12,8 +12,10 @@ sum. Bounds from bench/results/pod-sidecar.json (docs/model.md, "The pod level")
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,9 @@ import numpy as np
 import pytest
 
 from conftest import KERNEL_LAYOUT, ROOT
+from helpers import worker_pids
 from test_lab_tune import MET, OVER, judged
+from unthrottle.cgroups import Layout
 from unthrottle.lab.sampling import pod_share_us
 from unthrottle.metrics.evidence import share_pod_throttling
 
@@ -123,6 +127,39 @@ def test_the_pod_is_throttled_when_its_containers_want_more_than_the_sum(
     assert max(run["pod"]["throttled_ms"] for run in tight) > 0, "the pod's quota never ran out"
     for run in roomy:
         assert run["nr_throttled"] <= 1 and run["pod"]["nr_throttled"] <= 1, run
+
+
+@pytest.mark.kernel
+def test_an_interrupted_two_container_run_leaves_no_cgroup_and_no_worker(
+    layout: Layout, tmp_path: Path
+) -> None:
+    """SIGTERM while both workloads run: the lab's cleanup ends both containers' workers
+    (the sidecar's driver thread with them) and removes the sidecar's, the container's and
+    the pod's cgroups (the layout fixture asserts that none is left)."""
+    long = tmp_path / "long.yaml"
+    long.write_text(
+        "name: long\nworkload: {kind: serial, task_cpu_ms: 20, workers: 2, tasks: 500}\n"
+        "runs: [{cpus: 0.3, sidecar: {cpus: 0.1, workload: {kind: serial, task_cpu_ms: 5, "
+        "tasks: 500}}}]\n"
+    )
+    before = worker_pids()
+    proc = subprocess.Popen([str(UNTHROTTLE), "lab", "run", str(long)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not list(layout.cpu_root.glob("unthrottle-lab-*")):
+            time.sleep(0.05)
+        assert list(layout.cpu_root.glob("unthrottle-lab-*-pod")), "the run never started"
+        time.sleep(2.0)  # past the calibrations: both drivers run
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert b"interrupted" in err
+    assert worker_pids() <= before
 
 
 def final_of(result: dict[str, Any]) -> tuple[int, int, dict[str, Any]]:
