@@ -29,7 +29,8 @@ from unthrottle.model.scenario import Scenario, load_scenario
 from unthrottle.recommend import Policy, Strategy
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT = [*sorted((ROOT / "scenarios").glob("tune-*.yaml")),
+DEFAULT = [*sorted(p for p in (ROOT / "scenarios").glob("tune-*.yaml")
+                  if p.stem != "tune-batch-sidecar"),  # two containers: bench/pod_sidecar.py
            ROOT / "scenarios" / "seed-002-burst.yaml"]  # fmt: skip
 NOISE = 0.02
 

@@ -1,5 +1,6 @@
 """The pod level's figures in the docs are the saved runs' (bench/results/pod-stall.json,
-bench/results/lab-vs-model-pod.json), as tests/test_docs_figures.py holds the others."""
+bench/results/lab-vs-model-pod.json, bench/results/pod-sidecar.json), as
+tests/test_docs_figures.py holds the others."""
 
 from __future__ import annotations
 
@@ -76,6 +77,70 @@ def test_the_pod_table_is_the_saved_runs() -> None:
     assert " ".join(table.split()) in section(3)
 
 
-@pytest.mark.parametrize("name", ["pod-stall.json", "lab-vs-model-pod.json"])
+@pytest.mark.parametrize("name", ["pod-stall.json", "lab-vs-model-pod.json", "pod-sidecar.json"])
 def test_each_pod_results_file_is_named_with_its_command(name: str) -> None:
     assert results(name)["command"] in section(3).replace("\\ ", "")
+
+
+def sidecar_runs(millicores: int, key: str, digits: int = 2) -> str:
+    """A figure of the two-container ``lab run``s at the batch's limit ``millicores``."""
+    runs = results("pod-sidecar.json")["runs"]
+    return span([r[key] for r in runs if r["limit_millicores"] == millicores], digits)
+
+
+def tunes(key: str, digits: int = 0) -> str:
+    return span([t[key] for t in results("pod-sidecar.json")["tunes"]], digits)
+
+
+def after(digits: int = 2) -> str:
+    levels = ("container_throttle_ratio", "sidecar_throttle_ratio", "pod_throttle_ratio")
+    found = [t["after"][k] for t in results("pod-sidecar.json")["tunes"] for k in levels]
+    return span(found, digits)
+
+
+def baseline(name: str, key: str, digits: int = 0) -> str:
+    tuned = results("pod-sidecar.json")["tunes"]
+    return span([b[key] for t in tuned for b in t["baselines"] if b["name"] == name], digits)
+
+
+SIDECAR_QUOTES: list[tuple[str, str, Callable[[], object]]] = [
+    ("docs/benchmarks.md", "the batch was throttled in {} of its periods",
+     lambda: sidecar_runs(1000, "container_throttle_ratio")),
+    ("docs/benchmarks.md", "the sidecar in {} (",
+     lambda: sidecar_runs(1000, "sidecar_throttle_ratio")),
+    ("docs/benchmarks.md", "and the pod in {} (", lambda: sidecar_runs(1000, "pod_throttle_ratio")),
+    ("docs/benchmarks.md", "({} ms, booked in the pod's counters only)",
+     lambda: sidecar_runs(1000, "pod_throttled_ms", 0)),
+    ("docs/benchmarks.md", "The tune answered {}m for the batch",
+     lambda: tunes("recommended_millicores")),
+    ("docs/benchmarks.md", "and {}m for the sidecar",
+     lambda: tunes("sidecar_recommended_millicores")),
+    ("docs/benchmarks.md", "were throttled in {} of their periods after", after),
+    ("docs/benchmarks.md", "VPA ({}m and", lambda: baseline("vpa", "limit_millicores")),
+    ("docs/benchmarks.md", "left the pod throttled in {} and",
+     lambda: baseline("vpa", "pod_throttle_ratio", 2)),
+    ("docs/benchmarks.md", "(2026-12-04, {} cores of other load)",
+     lambda: f"{results('pod-sidecar.json')['other_load_cores']:.2f}"),
+    ("docs/model.md", "the batch was throttled in {} of its periods",
+     lambda: sidecar_runs(1000, "container_throttle_ratio")),
+    ("docs/model.md", "in {} ({} ms) besides", lambda: (sidecar_runs(1000, "pod_throttle_ratio"),
+                                                        sidecar_runs(1000, "pod_throttled_ms", 0))),
+    ("docs/model.md", "the answers {}m for the batch and {}m for the sidecar",
+     lambda: (tunes("recommended_millicores"), tunes("sidecar_recommended_millicores"))),
+    ("README.md", "3 tunes: {}m and {}m", lambda: (tunes("recommended_millicores"),
+                                                   tunes("sidecar_recommended_millicores"))),
+    ("README.md", "throttled in {} of their periods after", after),
+    ("README.md", "left the pod throttled in {} (docs/benchmarks.md §3)",
+     lambda: baseline("vpa", "pod_throttle_ratio", 2)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "doc, text, figure", SIDECAR_QUOTES, ids=[f"{d}: {t}" for d, t, _ in SIDECAR_QUOTES]
+)
+def test_the_docs_quote_the_figures_the_two_container_runs_hold(
+    doc: str, text: str, figure: Callable[[], object]
+) -> None:
+    found = figure()
+    quoted = text.format(*found) if isinstance(found, tuple) else text.format(found)
+    assert quoted in prose(doc), f"{doc} should say: {quoted}"

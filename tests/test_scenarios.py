@@ -282,3 +282,64 @@ class TestAPodQuota:
         with pytest.raises(ScenarioError) as info:
             parse_scenario(scenario(runs=[run]), "bad.yaml")
         assert says in str(info.value), str(info.value)
+
+
+SIDECAR = {"workload": {"kind": "serial", "task_cpu_ms": 15, "think_ms": 35}, "cpus": 0.25}
+
+
+class TestASidecar:
+    """A two-container pod: each container its own limit and burst, the pod the sum."""
+
+    def test_the_pods_quota_is_the_sum_of_the_limits_and_its_burst_the_sum_of_the_bursts(
+        self,
+    ) -> None:
+        given = {"cpus": 1, "period_ms": 50, "burst_ms": 10, "sidecar": {**SIDECAR, "burst_ms": 5}}
+        run = parse_scenario(scenario(runs=[given])).runs[0]
+        assert run.bandwidth() == Bandwidth(50_000, 50_000, 10_000)
+        assert run.sidecar_bandwidth() == Bandwidth(12_500, 50_000, 5_000)
+        assert run.pod_bandwidth() == Bandwidth(62_500, 50_000, 15_000)
+        assert run.in_pod and not run.pod_quota
+        assert (
+            run.label()
+            == "1 CPU, 50 ms period, 10 ms burst, sidecar 0.25 CPU (5 ms burst), pod quota"
+        )
+        assert run.as_given()["sidecar"]["cpus"] == 0.25
+
+    def test_without_bursts_the_pod_has_none(self) -> None:
+        run = parse_scenario(scenario(runs=[{"cpus": 1, "sidecar": SIDECAR}])).runs[0]
+        assert run.pod_bandwidth() == Bandwidth(125_000, 100_000, 0)
+
+    def test_the_scenarios_of_the_lab_have_one(self) -> None:
+        root = Path(__file__).resolve().parents[1] / "scenarios"
+        for name in ("pod-sidecar-batch.yaml", "tune-batch-sidecar.yaml"):
+            first = load_scenario(root / name).runs[0]
+            assert first.sidecar is not None and first.pod_bandwidth() == Bandwidth(
+                120_000, 100_000
+            )
+
+    @pytest.mark.parametrize(
+        ("run", "says"),
+        [
+            ({"sidecar": SIDECAR}, "runs[0].sidecar: a pod's quota needs a limit on every "
+             "container; give cpus"),
+            ({"cpus": 1, "pod_quota": False, "sidecar": SIDECAR},
+             "runs[0].pod_quota: a run with a sidecar is a pod whose quota is the sum"),
+            ({"cpus": 1, "sidecar": {**SIDECAR, "burst_ms": 30}},
+             "runs[0].sidecar: burst_ms 30 ms is above its quota of 25 ms"),
+            ({"cpus": 1, "sidecar": {**SIDECAR, "cpus": 0.001}},
+             "runs[0].sidecar: a quota of 0.1 ms (cpus × the run's period_ms) is under"),
+            ({"cpus": 1, "sidecar": {**SIDECAR, "cpus": True}},
+             "runs[0].sidecar.cpus: true is not a number"),
+            ({"cpus": 1, "sidecar": {"cpus": 0.5}}, "runs[0].sidecar.workload: Field required"),
+            ({"cpus": 1, "sidecar": {**SIDECAR, "workload": {"kind": "serial", "task_cpu_ms": 5,
+                                                             "seed": 3}}},
+             "runs[0].sidecar.workload.seed: has no effect on a serial workload"),
+            ({"cpus": 1, "sidecar": 3}, "runs[0].sidecar: 3 is not a mapping"),
+        ],
+        ids=["without-a-limit", "pod-quota-false", "burst-over-quota", "quota-under-1ms",
+             "cpus-bool", "no-workload", "workload-field-for-another-kind", "not-a-mapping"],
+    )  # fmt: skip
+    def test_a_bad_sidecar_is_refused_naming_the_field(self, run: Any, says: str) -> None:
+        with pytest.raises(ScenarioError) as info:
+            parse_scenario(scenario(runs=[run]), "bad.yaml")
+        assert says in str(info.value), str(info.value)

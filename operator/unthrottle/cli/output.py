@@ -65,8 +65,23 @@ def figures_table(title: str, rows: Sequence[tuple[Scenario, Sequence[RunFigures
                 f"{fig.stat.burst_us / 1000:.0f}",
                 *pod_cells,
             )
+            side = fig.extra.get("sidecar")
+            if side is not None:  # a two-container pod: the sidecar's own row, the pod's cells
+                table.add_row("", cell(f"  sidecar, {spec.sidecar.cpus:g} CPU" if spec.sidecar
+                                       else "  sidecar"), *_sidecar_cells(side),
+                              *(["", "", "", ""] if pods else []))  # fmt: skip
         table.add_section()
     return table
+
+
+def _sidecar_cells(side: dict[str, Any]) -> list[str]:
+    """A sidecar's figures (the JSON shape of a run) in the table's columns."""
+    latency = side["latency_ms"]
+    return [f"{latency['p50']:.1f}", f"{latency['p95']:.1f}", f"{latency['p99']:.1f}",
+            f"{latency['max']:.1f}", f"{side['wall_ms']:.0f}", str(side["nr_periods"]),
+            str(side["nr_throttled"]), f"{side['throttle_ratio']:.2f}",
+            f"{side['throttled_ms']:.0f}", str(side["nr_bursts"]),
+            f"{side['burst_ms']:.0f}"]  # fmt: skip
 
 
 def tune_table(result: TuneResult) -> Table:
@@ -76,20 +91,32 @@ def tune_table(result: TuneResult) -> Table:
     for header in ("settings", "limit", "burst ms"):
         table.add_column(header, no_wrap=True)
     pods = "pod" in result.before.extra
-    headers = ("ratio", "throttled ms") + (("pod ratio", "pod throttled ms") if pods else ())
+    sidecar = result.sidecar is not None
+    headers: tuple[str, ...] = ("ratio", "throttled ms")
+    if sidecar:  # a two-container pod: the sidecar's limit and ratio beside the container's
+        headers += ("sidecar limit", "sidecar ratio")
+    headers += ("pod ratio", "pod throttled ms") if pods else ()
     for header in (*headers, "p50 ms", "p95 ms", "p99 ms", "meets target"):
         table.add_column(header, justify="right")
 
     def row(name: str, limit: str, burst_us: int, fig: RunFigures) -> None:
         pod = fig.extra.get("pod") or {}
+        side = fig.extra.get("sidecar")
         # Under a pod quota the target holds for the pod's periods too: its throttling
-        # stalls the container as much as the container's own.
-        ok = max(fig.stat.throttle_ratio, pod.get("throttle_ratio", 0.0)) <= result.target
+        # stalls the container as much as the container's own (and the sidecar's).
+        ratios = [fig.stat.throttle_ratio, pod.get("throttle_ratio", 0.0)]
+        side_cells: tuple[str, ...] = ()
+        if sidecar:
+            side_limit = f"{side['limit'].get('cpus', 0) * 1000:.0f}m" if side else ""
+            side_cells = (side_limit, f"{side['throttle_ratio']:.3f}" if side else "")
+            ratios.append(side["throttle_ratio"] if side else 0.0)
+        ok = max(ratios) <= result.target
         pod_cells = (f"{pod.get('throttle_ratio', 0.0):.3f}",
                      f"{pod.get('throttled_ms', 0.0):.0f}") if pods else ()  # fmt: skip
         table.add_row(
             cell(name), cell(limit), f"{burst_us / 1000:g}",
-            f"{fig.stat.throttle_ratio:.3f}", f"{fig.stat.throttled_us / 1000:.0f}", *pod_cells,
+            f"{fig.stat.throttle_ratio:.3f}", f"{fig.stat.throttled_us / 1000:.0f}",
+            *side_cells, *pod_cells,
             f"{fig.latency.p50:.1f}", f"{fig.latency.p95:.1f}", f"{fig.latency.p99:.1f}",
             "yes" if ok else "no",
         )  # fmt: skip
@@ -119,6 +146,13 @@ def print_tune(result: TuneResult) -> None:
                        f"confidence {rec.confidence} ({rec.confidence_label})"))  # fmt: skip
     for reason in rec.reasons:
         console.print(Text(f"  - {plain(reason)}"))
+    if result.sidecar is not None:  # a two-container pod: the sidecar's own answer
+        side = result.sidecar.refined or result.sidecar.recommendation
+        console.print(Text(f"sidecar: {side.limit_millicores}m, expected throttle ratio "
+                           f"{side.expected_throttle_ratio}, confidence {side.confidence} "
+                           f"({side.confidence_label})"))  # fmt: skip
+        for reason in side.reasons:
+            console.print(Text(f"  - {plain(reason)}"))
 
 
 def print_table(title: str, rows: Sequence[tuple[Scenario, Sequence[RunFigures]]]) -> None:

@@ -251,6 +251,9 @@ def agreement(
     """Every run of a scenario over the kernel's repeated measurements of it."""
     if not repeats:
         raise ValueError(f"{scenario.name}: no measurement to compare")
+    if any(spec.sidecar is not None for spec in scenario.runs):
+        raise ValueError(f"{scenario.name}: sidecar: the task model has one container per pod; "
+                         "a two-container run has no prediction to compare")  # fmt: skip
     per_repeat = [compare_repeat(scenario, runs, cores) for runs in repeats]
     return [
         RunAgreement(scenario.name, spec, tuple(r[i] for r in per_repeat))

@@ -19,8 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from unthrottle.cfs.workload import Workload
+from unthrottle.lab.drivers import drive
 from unthrottle.lab.processes import Workers
-from unthrottle.lab.runner import LEAD_NS, drive
+from unthrottle.lab.runner import LEAD_NS
 
 __all__ = ["Pass", "loop"]
 

@@ -24,6 +24,16 @@ one-container pod. Each has a period grid of its own, so both are calibrated (st
 :func:`_calibrate_pod`), and the pod's counters are measured beside the container's
 (``extra["pod"]``, ``extra["pod_period_phase_ms"]``). Both cgroups are removed after.
 
+A run with a ``sidecar`` is a two-container pod: the run's workers go into ``…-pod/container``
+and the sidecar's into ``…-pod/sidecar``, each under its own quota and burst, inside a pod
+cgroup whose quota is the sum of theirs and whose burst is the sum of their bursts (clamped
+to its quota), as a kubelet and the agent make it. The pod's grid is calibrated with every
+worker burning, then each container's alone with the pod's quota lifted; both workloads
+start together at the run's start, the sidecar's driven from a thread of its own, and each
+container's counters cover its own span (``extra["sidecar"]``: the sidecar's figures in the
+shape of a run's; ``extra["pod"]`` over the span of both). All three cgroups are removed
+after, also on errors.
+
 A run can also go into a cgroup that exists and outlives it (``existing_cgroup``): a
 container's, which its kubelet made with the pod and removes with it, and whose quota
 an in-place resize changes. Steps 2 and 6 then leave the cgroup alone (not created, its
@@ -33,23 +43,24 @@ counters are those of the run's span, as in a fresh one.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import itertools
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from unthrottle.cfs.figures import CpuStatDelta, Latency, RunFigures
 from unthrottle.cfs.pod import pod_figures
 from unthrottle.cfs.settings import Bandwidth
-from unthrottle.cfs.workload import Kind, Workload
+from unthrottle.cfs.workload import Workload
 from unthrottle.cgroups import Cgroup, CpuStat, Layout
 from unthrottle.cgroups.waits import WaitReader
+from unthrottle.lab.drivers import DRIVERS, Timed
 from unthrottle.lab.isolation import Isolation
 from unthrottle.lab.kernel import kernel_hz
 from unthrottle.lab.processes import LabError, OtherThreads, Workers, pin_apart
@@ -65,6 +76,8 @@ CALIBRATION_ATTEMPTS = 3
 """A stall that was a preemption, not a throttle, is retried this many times in all."""
 POD_CONTAINER = "container"
 """The name of a pod-quota run's container cgroup inside its pod cgroup."""
+POD_SIDECAR = "sidecar"
+"""The name of a run's sidecar cgroup inside its pod cgroup (``RunSpec.sidecar``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,11 +164,12 @@ def _run_cgroup(run: RunSpec | None, layout: Layout, options: LabOptions) -> tup
         name = options.cgroup_name or (
             f"{options.cgroup_parent}/unthrottle-lab-{os.getpid()}-{next(_names)}".strip("/")
         )
-        if run.pod_quota:  # the container's cgroup inside its pod's, as a kubelet nests them
+        if run.in_pod:  # the container's cgroup inside its pod's, as a kubelet nests them
             name = f"{name}-pod/{POD_CONTAINER}"
         return Cgroup(layout, name), run
-    if run is not None and run.pod_quota:
-        raise ValueError("pod_quota: the lab makes the pod cgroup; not with existing_cgroup")
+    if run is not None and run.in_pod:
+        raise ValueError("pod_quota, sidecar: the lab makes the pod cgroup; not with "
+                         "existing_cgroup")  # fmt: skip
     if not options.cgroup_name:
         raise ValueError("existing_cgroup: cgroup_name must name the cgroup")
     cgroup = Cgroup(layout, options.cgroup_name)
@@ -184,8 +198,31 @@ def run_sampled(
     ``watch`` lets other samplers (the agent's, at other phases) observe the same run.
     """
     figures, samples = _measure(workload, run, layout, options, sample=True, watch=watch)
-    assert samples is not None
-    return figures, samples
+    return figures, samples[0]
+
+
+def run_pod_sampled(
+    workload: Workload, run: RunSpec, layout: Layout, options: LabOptions
+) -> tuple[RunFigures, PeriodSamples, PeriodSamples]:
+    """Measure a run with a sidecar and sample both containers each period, each on its own
+    grid: the run's figures, the container's samples and the sidecar's. Each container's
+    samples hold its share of the pod's throttled time (:mod:`unthrottle.lab.sampling`)."""
+    if run.sidecar is None:
+        raise ValueError("sidecar: run_pod_sampled measures a run with a sidecar")
+    figures, samples = _measure(workload, run, layout, options, sample=True)
+    return figures, samples[0], samples[1]
+
+
+@dataclass(slots=True)
+class _Sidecar:
+    """A run's second container while it runs: its workload, settings, cgroup and workers."""
+
+    workload: Workload
+    bandwidth: Bandwidth
+    cgroup: Cgroup
+    workers: Workers
+    grid_ns: int | None = None
+    wakeups: list[int] = dataclasses.field(default_factory=list)
 
 
 def _measure(
@@ -196,7 +233,7 @@ def _measure(
     *,
     sample: bool,
     watch: Watch | None = None,
-) -> tuple[RunFigures, PeriodSamples | None]:
+) -> tuple[RunFigures, list[PeriodSamples]]:
     cgroup, run = _run_cgroup(run, layout, options)
     bandwidth = run.bandwidth()
     period_ns = bandwidth.period_us * 1000
@@ -204,12 +241,15 @@ def _measure(
     pod = Cgroup(layout, cgroup.path.rsplit("/", 1)[0]) if pod_bandwidth else None
     ours = not options.existing_cgroup
     pod_grid_ns = None
+    side: _Sidecar | None = None
+    samplers: list[PeriodSampler] = []
     isolation = Isolation(layout) if options.isolate else contextlib.nullcontext()
     with isolation, Workers(workload.workers) as workers, contextlib.ExitStack() as stack:
         if pod is not None and pod_bandwidth is not None:
             pod.create()
             stack.callback(pod.remove)  # after the container's, below
             pod.write_bandwidth(pod_bandwidth)
+            side = _sidecar(run, pod, stack)
         if ours:
             cgroup.create()
         try:
@@ -218,34 +258,58 @@ def _measure(
                 cgroup.add_process(pid)
             if pod is not None and pod_bandwidth is not None:
                 pod_grid_ns, grid_ns = _calibrate_pod(workers, bandwidth, cgroup,
-                                                      pod_bandwidth, pod)  # fmt: skip
+                                                      pod_bandwidth, pod, side)  # fmt: skip
             else:
                 if ours:
                     cgroup.write_bandwidth(bandwidth)
-                grid_ns = _calibrate(workers, bandwidth, cgroup) if bandwidth.limited else None
+                grid_ns = _calibrate([workers], bandwidth, cgroup) if bandwidth.limited else None
             waits = stack.enter_context(contextlib.closing(WaitReader(layout, cgroup.path)))
             waits.wait_us()  # every worker's thread, counted from here
+            side_waits = None
+            if side is not None:
+                side_waits = stack.enter_context(
+                    contextlib.closing(WaitReader(layout, side.cgroup.path))
+                )
+                side_waits.wait_us()
             # The run's other load (contention), started now: its start-up is done and its
             # threads are busy before the workload starts.
             stack.enter_context(OtherThreads(run.other_threads, layout))
             t0 = _start_time(bandwidth, grid_ns, options.phase_us)
             sleep_until(t0 - LEAD_NS // 3)
-            sampler = PeriodSampler(cgroup, t0, period_ns, boundary_ns=grid_ns, pod=pod,
-                                    grant_us=grant_of(bandwidth)) if sample else None  # fmt: skip
-            if sampler is not None:
+            if sample:
+                siblings = [side.cgroup] if side is not None else []
+                samplers.append(PeriodSampler(cgroup, t0, period_ns, boundary_ns=grid_ns,
+                                              pod=pod, grant_us=grant_of(bandwidth),
+                                              siblings=siblings))  # fmt: skip
+                if side is not None:
+                    samplers.append(PeriodSampler(side.cgroup, t0, period_ns,
+                                                  boundary_ns=side.grid_ns, pod=pod,
+                                                  grant_us=grant_of(side.bandwidth),
+                                                  siblings=[cgroup]))  # fmt: skip
+            for sampler in samplers:
                 sampler.start()
             unwatch = watch(cgroup, t0, bandwidth.period_us * 1000) if watch else None
             before = dataclasses.replace(cgroup.read_stat(), wait_us=waits.wait_us())
+            side_before = _stat_with_wait(side, side_waits)
             pod_before = pod.read_stat() if pod is not None else None
             wakeups: list[int] = []
+            pool = ThreadPoolExecutor(1) if side is not None else None
             try:
-                tasks, end = _DRIVERS[workload.kind](workers, workload, t0, wakeups)
+                side_future = None
+                if side is not None and pool is not None:
+                    side_future = pool.submit(DRIVERS[side.workload.kind], side.workers,
+                                              side.workload, t0, side.wakeups)  # fmt: skip
+                tasks, end = DRIVERS[workload.kind](workers, workload, t0, wakeups)
+                side_tasks, side_end = side_future.result() if side_future else ([], end)
             finally:
-                if sampler is not None:
+                if pool is not None:
+                    pool.shutdown(wait=False)  # a driver left waiting ends with its workers
+                for sampler in samplers:
                     sampler.stop()
                 if unwatch is not None:
                     unwatch()
             after = dataclasses.replace(cgroup.read_stat(), wait_us=waits.wait_us())
+            side_after = _stat_with_wait(side, side_waits)
             pod_after = pod.read_stat() if pod is not None else None
             read_at = time.monotonic_ns()
             if not ours and (now := cgroup.read_bandwidth()) != bandwidth:
@@ -256,24 +320,74 @@ def _measure(
             workers.close()
             if ours:
                 cgroup.remove()
-            stack.close()  # the other load ends with the workload; files close; the pod goes
-    delta = _within_span(after - before, grid_ns, period_ns, end, read_at)
-    pod_extra: dict[str, Any] = {}
+            stack.close()  # the other load ends; files close; the sidecar and the pod go
+    extra: dict[str, Any] = {
+        "isolated": isolation.moved if isinstance(isolation, Isolation) else None,
+        # Were the workers each on a CPU of their own (LabOptions.pin)?
+        "pinned": pinned,
+    }
+    if side is not None and side_before is not None and side_after is not None:
+        side_delta = _within_span(side_after - side_before, side.grid_ns, period_ns, side_end,
+                                  read_at)  # fmt: skip
+        assert run.sidecar is not None
+        limit = run.sidecar.model_dump(exclude_unset=True, exclude={"workload"})
+        extra["sidecar"] = _figures(limit, side_tasks, side_delta, t0, side_end, side.grid_ns,
+                                    period_ns, side.wakeups, {}).to_json()  # fmt: skip
     if pod_before is not None and pod_after is not None:
-        pod_delta = _within_span(pod_after - pod_before, pod_grid_ns, period_ns, end, read_at)
-        pod_extra = {
-            "pod": pod_figures(
-                pod_delta.nr_periods, pod_delta.nr_throttled, pod_delta.throttled_us
-            ),
-            "pod_period_phase_ms": (
-                None if pod_grid_ns is None else ((t0 - pod_grid_ns) % period_ns) / 1e6
-            ),
-        }
+        pod_end = max(end, side_end) if side is not None else end
+        pod_delta = _within_span(pod_after - pod_before, pod_grid_ns, period_ns, pod_end, read_at)
+        extra["pod"] = pod_figures(
+            pod_delta.nr_periods, pod_delta.nr_throttled, pod_delta.throttled_us
+        )
+        if side is not None:  # the pod's usage: its containers' together (counters' sum)
+            extra["pod"]["usage_ms"] = round(pod_delta.usage_us / 1000, 3)
+        extra["pod_period_phase_ms"] = (
+            None if pod_grid_ns is None else ((t0 - pod_grid_ns) % period_ns) / 1e6
+        )
+    delta = _within_span(after - before, grid_ns, period_ns, end, read_at)
+    figures = _figures(run.as_given(), tasks, delta, t0, end, grid_ns, period_ns, wakeups, extra)
+    return figures, [sampler.samples() for sampler in samplers]
+
+
+def _sidecar(run: RunSpec, pod: Cgroup, stack: contextlib.ExitStack) -> _Sidecar | None:
+    """The run's sidecar, its cgroup made in the pod's and its workers started (the stack
+    kills them, then removes the cgroup); None when the run has none."""
+    side_bandwidth = run.sidecar_bandwidth()
+    if run.sidecar is None or side_bandwidth is None:
+        return None
+    side_cgroup = Cgroup(pod.layout, f"{pod.path}/{POD_SIDECAR}")
+    side_cgroup.create()
+    stack.callback(side_cgroup.remove)  # after its workers are gone
+    side_workload = run.sidecar.workload.to_workload()
+    side_workers = stack.enter_context(Workers(side_workload.workers))
+    for pid in side_workers.pids:
+        side_cgroup.add_process(pid)
+    return _Sidecar(side_workload, side_bandwidth, side_cgroup, side_workers)
+
+
+def _stat_with_wait(side: _Sidecar | None, waits: WaitReader | None) -> CpuStat | None:
+    if side is None or waits is None:
+        return None
+    return dataclasses.replace(side.cgroup.read_stat(), wait_us=waits.wait_us())
+
+
+def _figures(
+    limit: dict[str, Any],
+    tasks: list[Timed],
+    delta: CpuStat,
+    t0: int,
+    end: int,
+    grid_ns: int | None,
+    period_ns: int,
+    wakeups: list[int],
+    extra: dict[str, Any],
+) -> RunFigures:
+    """One container's figures over its span (``extra`` goes after its own context)."""
     hz = kernel_hz()
     tick_ns = 1_000_000_000 // hz if hz else None
     less_lost = Latency.of([(t.latency_ns - t.lost_ns) / 1e6 for t in tasks])
-    figures = RunFigures(
-        limit=run.as_given(),
+    return RunFigures(
+        limit=limit,
         latency=Latency.of([t.latency_ns / 1e6 for t in tasks]),
         wall_ms=(end - t0) / 1e6,
         stat=CpuStatDelta(
@@ -286,27 +400,22 @@ def _measure(
             wait_us=delta.wait_us,
         ),
         extra={
-            "period_phase_ms": (
-                None if grid_ns is None else ((t0 - grid_ns) % (bandwidth.period_us * 1000)) / 1e6
-            ),
+            "period_phase_ms": None if grid_ns is None else ((t0 - grid_ns) % period_ns) / 1e6,
             "tick_phase_ms": None if tick_ns is None else (t0 % tick_ns) / 1e6,
             "hz": hz,
             # How long after its task was due (or sent) a sleeping worker began: the
             # wake-up and dispatch latency the model can take as Machine.wakeup_us.
             "wakeup_ms": round(statistics.median(wakeups) / 1e6, 4) if wakeups else 0.0,
-            # How many other processes were kept at idle priority (None: not isolated).
-            "isolated": isolation.moved if isinstance(isolation, Isolation) else None,
-            # Were the workers each on a CPU of their own (LabOptions.pin)?
-            "pinned": pinned,
+            # How many other processes were kept at idle priority (None: not isolated), and
+            # whether the workers each had a CPU of their own (LabOptions.pin): in extra.
             # What the tasks lost to the host (steal: neither running nor waiting for a
             # CPU, worker.py), summed, and the latencies without it, which are what the
             # kernel's CFS made of the run (lab.agreement compares the model with these).
             "lost_ms": round(sum(t.lost_ns for t in tasks) / 1e6, 3),
             "latency_less_lost_ms": less_lost.to_json(),
-            **pod_extra,
+            **extra,
         },
     )
-    return figures, (sampler.samples() if sampler is not None else None)
 
 
 def _within_span(
@@ -346,24 +455,25 @@ def sleep_until(at_ns: int) -> None:
         time.sleep(left / 1e9)
 
 
-def _calibrate(workers: Workers, bandwidth: Bandwidth, cgroup: Cgroup) -> int | None:
+def _calibrate(groups: Sequence[Workers], bandwidth: Bandwidth, cgroup: Cgroup) -> int | None:
     """A period boundary of this cgroup (CLOCK_MONOTONIC ns), or None if the quota never ran out.
 
-    Every worker burns until it is stopped; the quota, shared, runs out within
-    about ``(quota + burst) / workers`` of CPU. The earliest resume is a boundary.
-    A stall only counts if the kernel throttled the cgroup meanwhile: being
-    preempted by another process also stops a worker for a moment. Such an
-    attempt is tried again (each one spends quota, so a throttle soon comes).
+    Every worker of every group (a pod's containers') burns until it is stopped; the
+    quota, shared, runs out within about ``(quota + burst) / workers`` of CPU. The earliest
+    resume is a boundary. A stall only counts if the kernel throttled the cgroup meanwhile:
+    being preempted by another process also stops a worker for a moment. Such an attempt
+    is tried again (each one spends quota, so a throttle soon comes).
     """
     assert bandwidth.quota_us is not None
     period_ns = bandwidth.period_us * 1000
     limit_ns = 3 * period_ns + (bandwidth.quota_us + bandwidth.burst_us) * 1000
+    everyone = [(workers, index) for workers in groups for index in range(len(workers.pids))]
     for _ in range(CALIBRATION_ATTEMPTS):
         throttled_before = cgroup.read_stat().nr_throttled
-        for index in range(len(workers.pids)):
+        for workers, index in everyone:
             workers.send(index, f"calibrate {limit_ns}")
         resumes = []
-        for index in range(len(workers.pids)):
+        for workers, index in everyone:
             words = workers.read(index)
             if words[:1] != ["stall"]:
                 raise LabError(f"worker {index}: unexpected reply {words}")
@@ -377,22 +487,31 @@ def _calibrate(workers: Workers, bandwidth: Bandwidth, cgroup: Cgroup) -> int | 
 
 
 def _calibrate_pod(
-    workers: Workers, bandwidth: Bandwidth, cgroup: Cgroup, pod_bandwidth: Bandwidth, pod: Cgroup
+    workers: Workers,
+    bandwidth: Bandwidth,
+    cgroup: Cgroup,
+    pod_bandwidth: Bandwidth,
+    pod: Cgroup,
+    side: _Sidecar | None = None,
 ) -> tuple[int | None, int | None]:
     """The pod's period grid and the container's, each calibrated alone; the container's
-    quota is written here.
+    quota is written here (and the sidecar's, whose grid goes in ``side.grid_ns``).
 
     Under a pod quota equal to its own, the container and the pod run out together and
     the workers resume when both have refilled, at the later of two boundaries: neither
-    grid. So the pod's grid is calibrated while the container has no quota yet, and the
-    container's while the pod's quota is lifted for a moment (written back at once). A
-    cgroup's grid outlives a quota written and lifted: its period timer is re-armed on
-    its old grid (docs/model.md, "Kernel facts" 1 and 6)."""
-    pod_grid = _calibrate(workers, pod_bandwidth, pod)
+    grid. So the pod's grid is calibrated while the containers have no quota yet (every
+    worker of both burning), and each container's alone while the pod's quota is lifted
+    for a moment (written back at once). A cgroup's grid outlives a quota written and
+    lifted: its period timer is re-armed on its old grid (docs/model.md, "Kernel facts" 1
+    and 6)."""
+    pod_grid = _calibrate([workers, *([side.workers] if side else [])], pod_bandwidth, pod)
     pod.write_quota(None)
     try:
         cgroup.write_bandwidth(bandwidth)
-        grid = _calibrate(workers, bandwidth, cgroup)
+        grid = _calibrate([workers], bandwidth, cgroup)
+        if side is not None:
+            side.cgroup.write_bandwidth(side.bandwidth)
+            side.grid_ns = _calibrate([side.workers], side.bandwidth, side.cgroup)
     finally:
         pod.write_quota(pod_bandwidth.quota_us)
     return pod_grid, grid
@@ -406,117 +525,3 @@ def _start_time(bandwidth: Bandwidth, grid_ns: int | None, phase_us: int) -> int
     earliest = now + IDLE_PERIODS * period_ns + LEAD_NS
     boundaries = -(-(earliest - grid_ns) // period_ns)
     return grid_ns + boundaries * period_ns + (phase_us * 1000) % period_ns
-
-
-# --- one driver per workload kind: returns (each task's timing, end of the last task ns) ----
-
-
-@dataclass(frozen=True, slots=True)
-class Timed:
-    """One task's (or batch round's) latency, and how much of it was lost to the host."""
-
-    latency_ns: int
-    lost_ns: int
-
-
-def _serial(
-    workers: Workers, workload: Workload, t0: int, wakeups: list[int]
-) -> tuple[list[Timed], int]:
-    for index in range(workload.workers):
-        workers.send(
-            index,
-            f"serial {t0} {workload.tasks} {workload.task_cpu_us * 1000} "
-            f"{workload.think_us * 1000}",
-        )
-    timed, end = [], t0
-    for index in range(workload.workers):
-        words = workers.read(index)
-        if words[:1] != ["done"]:
-            raise LabError(f"worker {index}: unexpected reply {words[:3]}")
-        times = [int(w) for w in words[1:]]
-        for k in range(0, len(times), 4):
-            due, began, stop, lost = times[k : k + 4]
-            timed.append(Timed(stop - due, lost))
-            end = max(end, stop)
-            if workload.think_us and k:  # it slept before this task
-                wakeups.append(began - due)
-    return timed, end
-
-
-def _end_of(workers: Workers, index: int, sent: int, wakeups: list[int]) -> tuple[int, int]:
-    """Read a task's end and what it lost; record how long after ``sent`` the worker began."""
-    words = workers.read(index)
-    if words[:1] != ["end"]:
-        raise LabError(f"worker {index}: unexpected reply {words}")
-    wakeups.append(max(0, int(words[2]) - sent))
-    return int(words[1]), int(words[3])
-
-
-def _batch(
-    workers: Workers, workload: Workload, t0: int, wakeups: list[int]
-) -> tuple[list[Timed], int]:
-    timed = []
-    start = t0
-    end = t0
-    cpu_ns = workload.task_cpu_us * 1000
-    think_ns = workload.think_us * 1000
-    for round_ in range(workload.tasks):
-        if round_:
-            # The next round is due think_ns after the last one ended (the workers sleep
-            # until then); with no think time, at once. Never in the past.
-            start = max(end + think_ns, time.monotonic_ns())
-        for index in range(workload.workers):
-            workers.send(index, f"task {cpu_ns} {start}")
-        ends = [_end_of(workers, i, start, wakeups) for i in range(workload.workers)]
-        end = max(stop for stop, _ in ends)
-        # The round without what the host took: when it would have ended had no worker
-        # lost anything (the last worker then may be another one).
-        unlost = max(stop - lost for stop, lost in ends)
-        timed.append(Timed(end - start, end - unlost))
-    return timed, end
-
-
-def _open(
-    workers: Workers, workload: Workload, t0: int, wakeups: list[int]
-) -> tuple[list[Timed], int]:
-    arrivals = [t0 + round(a * 1000) for a in workload.arrivals_us()]
-    cpu_ns = workload.task_cpu_us * 1000
-    queue: collections.deque[int] = collections.deque()
-    idle = list(range(workload.workers))
-    serving: dict[int, int] = {}
-    sent: dict[int, int] = {}
-    timed: list[Timed] = []
-    end = t0
-    next_arrival = 0
-    while len(timed) < len(arrivals):
-        now = time.monotonic_ns()
-        while next_arrival < len(arrivals) and arrivals[next_arrival] <= now:
-            queue.append(arrivals[next_arrival])
-            next_arrival += 1
-        while queue and idle:
-            index = idle.pop(0)
-            serving[index] = queue.popleft()
-            sent[index] = time.monotonic_ns()
-            workers.send(index, f"task {cpu_ns} 0")
-        timeout = None
-        if next_arrival < len(arrivals):
-            timeout = max(0.0, (arrivals[next_arrival] - time.monotonic_ns()) / 1e9)
-        for index in workers.ready(timeout):
-            stop, lost = _end_of(workers, index, sent.pop(index), wakeups)
-            # What a task lost delays the tasks queued behind it too: not taken out of
-            # theirs (an approximation; the host's spells are rare and short here).
-            timed.append(Timed(stop - serving.pop(index), lost))
-            end = max(end, stop)
-            idle.append(index)
-            idle.sort()
-    return timed, end
-
-
-_DRIVERS = {Kind.SERIAL: _serial, Kind.BATCH: _batch, Kind.OPEN: _open}
-
-
-def drive(workers: Workers, workload: Workload, t0: int) -> tuple[list[Timed], int]:
-    """One pass of the workload on ``workers``, starting at ``t0`` (CLOCK_MONOTONIC ns):
-    each task's (or batch round's) latency, and when the last ended. ``lab workload``
-    repeats it in a container's cgroup; a run measures one pass."""
-    return _DRIVERS[workload.kind](workers, workload, t0, [])

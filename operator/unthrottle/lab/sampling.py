@@ -21,12 +21,19 @@ next, one refill and the usage that is left. And a refill can come after the rea
 the period timer (``nr_periods`` unchanged), or one CPU's unthrottle, books its stall in
 the next window. So a window's counters are attributed by the refills it holds
 (:func:`attribute`; docs/benchmarks.md §3, "Late readings").
+
+**A pod of two containers** (a run's ``sidecar``): the pod's throttled time stalls both, and
+each container's samples hold its share of it, window by window, by the rule the
+operator's evidence uses (:func:`unthrottle.metrics.evidence.share_pod_throttling`: time
+in proportion to usage). The sampler reads the other container's usage at each of its
+own readings, so both usages are of the same window.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +45,7 @@ from unthrottle.cgroups import Cgroup, CpuStat, Layout
 from unthrottle.cgroups.counters import CounterReader
 from unthrottle.cgroups.schedule import ScheduledReader
 from unthrottle.cgroups.waits import WaitReader
+from unthrottle.metrics.evidence import share_pod_throttling
 
 AFTER_BOUNDARY_NS = 1_000_000
 LATE_NS = 5_000_000
@@ -60,7 +68,8 @@ class PeriodSamples:
     """The most threads the cgroup had while it was sampled (0: not read)."""
     pod_throttled_us: npt.NDArray[np.int64] | None = None
     """Per-period throttled time of the pod cgroup around the container (a ``pod_quota``
-    run), in the container's periods; None without a pod quota."""
+    run), in the container's periods; with a sidecar, this container's share of it
+    (:func:`pod_share_us`); None without a pod quota."""
 
     @property
     def stalled_us(self) -> npt.NDArray[np.int64]:
@@ -100,13 +109,18 @@ class PeriodSamples:
 class CountersAndWaits(CounterReader):
     """A cgroup's counters with its threads' wait in each reading (``CpuStat.wait_us``)."""
 
-    def __init__(self, layout: Layout, path: str, *, pod: str | None = None) -> None:
+    def __init__(
+        self, layout: Layout, path: str, *, pod: str | None = None, siblings: Sequence[str] = ()
+    ) -> None:
         super().__init__(layout, path)
         self.waits = WaitReader(layout, path)
         self.most_threads = 0
         self.pod = CounterReader(layout, pod) if pod is not None else None
         self.pod_throttled: list[int] = []
         """The pod cgroup's throttled time at each reading, µs (with ``pod``)."""
+        self.siblings = [CounterReader(layout, other) for other in siblings]
+        self.sibling_usage: list[int] = []
+        """The other containers' usage, summed, at each reading, µs (with ``siblings``)."""
 
     def read(self) -> CpuStat:
         """The counters, then the threads' summed run delay, µs (and the pod's counters)."""
@@ -114,6 +128,8 @@ class CountersAndWaits(CounterReader):
         wait = self.waits.wait_us()
         if self.pod is not None:
             self.pod_throttled.append(self.pod.read().throttled_us)
+        if self.siblings:
+            self.sibling_usage.append(sum(other.read().usage_us for other in self.siblings))
         self.most_threads = max(self.most_threads, self.waits.threads)
         return dataclasses.replace(stat, wait_us=wait)
 
@@ -122,6 +138,8 @@ class CountersAndWaits(CounterReader):
         self.waits.close()
         if self.pod is not None:
             self.pod.close()
+        for other in self.siblings:
+            other.close()
         super().close()
 
 
@@ -227,6 +245,25 @@ def _back(usage: list[int], held: list[int], most_us: int) -> None:
             held[i - 1] += move
 
 
+def pod_share_us(
+    pod_throttled_us: npt.NDArray[np.int64],
+    usage_us: npt.NDArray[np.int64],
+    others_usage_us: npt.NDArray[np.int64],
+) -> npt.NDArray[np.int64]:
+    """A container's share of its pod's throttled time in each of its windows: the pod's
+    throttled time in proportion to its usage beside the other containers' in the same
+    window (equal shares where none ran), as the operator's evidence shares a span's
+    (:func:`unthrottle.metrics.evidence.share_pod_throttling`)."""
+    n = min(len(pod_throttled_us), len(usage_us), len(others_usage_us))
+    share = np.zeros_like(pod_throttled_us)
+    for t in range(n):
+        members = {"own": (float(usage_us[t]), 1.0), "others": (float(others_usage_us[t]), 1.0)}
+        found = share_pod_throttling(1.0, 0.0, float(pod_throttled_us[t]), members)
+        share[t] = round(found["own"][1])
+    share[n:] = pod_throttled_us[n:]  # past the other's last reading: no one to share with
+    return share
+
+
 class PeriodSampler:
     """Reads a lab cgroup once per period from ``start_ns`` on, 1 ms after each of the
     kernel's boundaries (``boundary_ns`` is one; without a quota, ``start_ns`` is)."""
@@ -240,9 +277,11 @@ class PeriodSampler:
         boundary_ns: int | None = None,
         grant_us: int | None = None,
         pod: Cgroup | None = None,
+        siblings: Sequence[Cgroup] = (),
     ) -> None:
         pod_path = pod.path if pod is not None else None
-        self.reader = CountersAndWaits(cgroup.layout, cgroup.path, pod=pod_path)
+        self.reader = CountersAndWaits(cgroup.layout, cgroup.path, pod=pod_path,
+                                       siblings=[other.path for other in siblings])  # fmt: skip
         self.period_ns = period_ns
         boundary = start_ns if boundary_ns is None else boundary_ns
         self.refills = Refills(start_ns, period_ns, boundary, grant_us)
@@ -260,6 +299,16 @@ class PeriodSampler:
         self.schedule.stop()
         self.reader.close()
 
+    def _sibling_usage(self, readings: list[Reading]) -> npt.NDArray[np.int64]:
+        """The other containers' usage in this container's windows: the same readings split
+        by the same refills. It rides in the wait's place, which is split as the window's
+        own counters decide (whether it ran, how many refills it holds), so the windows are
+        this container's; the usage in its place is its own, as in :meth:`samples`."""
+        used = self.reader.sibling_usage
+        others = [(t, dataclasses.replace(stat, wait_us=u))
+                  for (t, stat), u in zip(readings, used, strict=True)]  # fmt: skip
+        return np.asarray(attribute(others, self.refills)[2], dtype=np.int64)
+
     def samples(self) -> PeriodSamples:
         """What was sampled, as arrays, a period each, attributed by refills."""
         threads = self.reader.most_threads
@@ -273,6 +322,9 @@ class PeriodSampler:
             pods = [(t, dataclasses.replace(stat, throttled_us=own))
                     for (t, stat), own in zip(readings, pod_throttled, strict=True)]  # fmt: skip
             pod = np.asarray(attribute(pods, self.refills, threads)[1], dtype=np.int64)
+            if self.reader.siblings:
+                pod = pod_share_us(pod, np.asarray(usage, dtype=np.int64),
+                                   self._sibling_usage(readings))  # fmt: skip
         return PeriodSamples(
             np.asarray(usage, dtype=np.int64),
             np.asarray(throttled, dtype=np.int64),

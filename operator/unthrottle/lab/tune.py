@@ -9,6 +9,14 @@
    stalled thread may have had less work left than its stall). Once our
    recommendation runs unthrottled, its samples show the demand itself, so
    recommend again from them and measure that too.
+
+**A pod of two containers** (the first run has a ``sidecar``): both containers are sampled
+every period, each on its own grid, and each container's evidence holds its share of the
+pod's throttled time (:mod:`unthrottle.lab.sampling`: time by usage, the operator's rule).
+Each container is recommended for from its own evidence, and every run of the tune puts
+both answers in a pod whose quota is their sum (and whose burst is the sum of their
+bursts), as a kubelet and the agent would; the target holds for each container's periods
+and the pod's. The baselines are each container's own, run together.
 """
 
 from __future__ import annotations
@@ -18,11 +26,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from unthrottle.cfs.figures import RunFigures
+from unthrottle.cfs.workload import Workload
 from unthrottle.cgroups import Layout
 from unthrottle.lab.agentview import View, as_read
-from unthrottle.lab.runner import LabOptions, run_run, run_sampled
+from unthrottle.lab.runner import LabOptions, run_pod_sampled, run_run, run_sampled
 from unthrottle.lab.sampling import PeriodSamples
-from unthrottle.model.scenario import RunSpec, Scenario
+from unthrottle.model.scenario import RunSpec, Scenario, SidecarSpec
 from unthrottle.recommend import (
     Current,
     PeriodEvidence,
@@ -43,6 +52,25 @@ class Tried:
     burst_us: int
     after: RunFigures
     how: str = ""
+    sidecar_limit_millicores: int | None = None
+    """The sidecar's limit beside it (a two-container pod), None without one."""
+
+
+@dataclass(frozen=True, slots=True)
+class SidecarTune:
+    """What the tune recommended for a pod's second container (its figures are each run's
+    ``extra["sidecar"]``)."""
+
+    recommendation: Recommendation
+    refined: Recommendation | None = None
+    """Its second recommendation, from the uncensored samples, when the tune refined."""
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"recommendation", "refined"}``, each a recommendation's JSON (or null)."""
+        return {
+            "recommendation": self.recommendation.to_json(),
+            "refined": None if self.refined is None else self.refined.to_json(),
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +93,8 @@ class TuneResult:
     after: RunFigures
     baselines: list[Tried]
     refined: Refinement | None = None
+    sidecar: SidecarTune | None = None
+    """The sidecar's recommendations, for a two-container pod; None for one container."""
 
     @property
     def final(self) -> tuple[Recommendation, RunFigures]:
@@ -87,6 +117,7 @@ class TuneResult:
                 "recommendation": self.refined.recommendation.to_json(),
                 "after": self.refined.after.to_json(),
             },
+            "sidecar": None if self.sidecar is None else self.sidecar.to_json(),
             "baselines": [
                 {
                     "name": b.name,
@@ -94,10 +125,17 @@ class TuneResult:
                     "burst_us": b.burst_us,
                     "how": b.how,
                     "after": b.after.to_json(),
+                    **_sidecar_limit(b),
                 }
                 for b in self.baselines
             ],
         }
+
+
+def _sidecar_limit(tried: Tried) -> dict[str, int]:
+    if tried.sidecar_limit_millicores is None:
+        return {}
+    return {"sidecar_limit_millicores": tried.sidecar_limit_millicores}
 
 
 def spec_for(
@@ -107,6 +145,7 @@ def spec_for(
     other_threads: int = 0,
     *,
     pod_quota: bool = False,
+    sidecar: SidecarSpec | None = None,
 ) -> RunSpec:
     """A lab run with these settings, beside the same other load as today's run, and in a
     pod with a quota of its own when today's run is (``pod_quota``: the pod's quota follows
@@ -117,6 +156,8 @@ def spec_for(
     update: dict[str, object] = {"other_threads": other_threads} if other_threads else {}
     if pod_quota:
         update["pod_quota"] = True
+    if sidecar is not None:
+        update["sidecar"] = sidecar
     return spec.model_copy(update=update) if update else spec
 
 
@@ -125,6 +166,14 @@ def throttle_ratio(figures: RunFigures) -> float:
     the pod has a quota and was throttled more often (its stalls are the container's)."""
     pod = figures.extra.get("pod") or {}
     return max(figures.stat.throttle_ratio, float(pod.get("throttle_ratio", 0.0)))
+
+
+def sidecar_ratio(figures: RunFigures) -> float:
+    """A two-container run's sidecar's throttle ratio as the target holds it: its own, or
+    its pod's where that was throttled more often (as :func:`throttle_ratio`)."""
+    pod = figures.extra.get("pod") or {}
+    own = float(figures.extra["sidecar"]["throttle_ratio"])
+    return max(own, float(pod.get("throttle_ratio", 0.0)))
 
 
 def evidence_of(samples: PeriodSamples, ratio: float) -> PeriodEvidence:
@@ -165,6 +214,9 @@ def tune(
     options = options or LabOptions()
     workload = scenario.workload.to_workload()
     first = scenario.runs[0]
+    if first.sidecar is not None:
+        return _tune_pod(scenario, workload, layout, policy, options,
+                         with_baselines=with_baselines, say=say, view=view)  # fmt: skip
     say(f"measuring today's settings ({first.label()}), sampling every period")
     before, samples = run_sampled(workload, first, layout, options)
     current = current_of(first)
@@ -205,4 +257,106 @@ def tune(
         after=after,
         baselines=tried,
         refined=refined,
+    )
+
+
+def _side(first: RunSpec, limit_millicores: int, burst_us: int) -> SidecarSpec:
+    """Today's sidecar (its workload) with these settings."""
+    assert first.sidecar is not None
+    return SidecarSpec(workload=first.sidecar.workload, cpus=limit_millicores / 1000,
+                       burst_ms=burst_us / 1000)  # fmt: skip
+
+
+def _pair(first: RunSpec, own: Recommendation, side: Recommendation) -> RunSpec:
+    """A two-container run with both answers: the pod's quota is their sum."""
+    assert own.limit_millicores is not None and side.limit_millicores is not None
+    period_us = first.bandwidth().period_us
+    sidecar = _side(first, side.limit_millicores, side.burst_us)
+    return spec_for(own.limit_millicores, own.burst_us, period_us, first.other_threads,
+                    sidecar=sidecar)  # fmt: skip
+
+
+def _recommend_both(
+    before: RunFigures,
+    samples: tuple[PeriodSamples, PeriodSamples],
+    now: tuple[Current, Current],
+    policy: Policy,
+    view: View,
+) -> tuple[Recommendation, Recommendation]:
+    """Each container's recommendation from its own evidence (its share of the pod's
+    throttled time in it), its ratio as the target holds it."""
+    own = recommend(as_read(evidence_of(samples[0], throttle_ratio(before)), view), now[0], policy)
+    side_evidence = as_read(evidence_of(samples[1], sidecar_ratio(before)), view)
+    side = recommend(side_evidence, now[1], policy)
+    if own.limit_millicores is None or side.limit_millicores is None:
+        raise ValueError("the recommendation keeps no limit; there is nothing to re-run")
+    return own, side
+
+
+def _meets(figures: RunFigures, target: float) -> bool:
+    return max(throttle_ratio(figures), sidecar_ratio(figures)) <= target
+
+
+def _tune_pod(
+    scenario: Scenario,
+    workload: Workload,
+    layout: Layout,
+    policy: Policy,
+    options: LabOptions,
+    *,
+    with_baselines: bool,
+    say: Callable[[str], None],
+    view: View,
+) -> TuneResult:
+    """:func:`tune` for a two-container pod (module docstring)."""
+    first = scenario.runs[0]
+    side_bw = first.sidecar_bandwidth()
+    assert side_bw is not None
+    period_us = first.bandwidth().period_us
+    say(f"measuring today's settings ({first.label()}), sampling both containers every period")
+    before, own_samples, side_samples = run_pod_sampled(workload, first, layout, options)
+    now = (current_of(first), Current(side_bw.millicores, period_us=period_us,
+                                      burst_us=side_bw.burst_us))  # fmt: skip
+    rec, side_rec = _recommend_both(before, (own_samples, side_samples), now, policy, view)
+    say(f"re-running under the recommendation ({rec.limit_millicores}m and "
+        f"{side_rec.limit_millicores}m, the pod their sum)")  # fmt: skip
+    after, *after_samples = run_pod_sampled(workload, _pair(first, rec, side_rec), layout, options)
+    refined, side_refined = None, None
+    if not _meets(before, policy.target_ratio) and _meets(after, policy.target_ratio):
+        now = (Current(rec.limit_millicores, period_us=period_us, burst_us=rec.burst_us),
+               Current(side_rec.limit_millicores, period_us=period_us,
+                       burst_us=side_rec.burst_us))  # fmt: skip
+        second, side_second = _recommend_both(
+            after, (after_samples[0], after_samples[1]), now, policy, view
+        )
+        answers = [(r.limit_millicores, r.burst_us) for r in (second, side_second)]
+        if answers != [(r.limit_millicores, r.burst_us) for r in (rec, side_rec)]:
+            say(f"refining from unthrottled evidence ({second.limit_millicores}m and "
+                f"{side_second.limit_millicores}m)")  # fmt: skip
+            spec = _pair(first, second, side_second)
+            refined = Refinement(second, run_run(workload, spec, layout, options))
+            side_refined = side_second
+    tried = []
+    if with_baselines:
+        own_bases = baselines(own_samples.usage_us, own_samples.period_us)
+        side_bases = baselines(side_samples.usage_us, side_samples.period_us)
+        pairs = zip(own_bases, side_bases, strict=True)
+        for base, side_base in pairs:
+            say(f"re-running under the {base.name} baseline ({base.limit_millicores}m and "
+                f"{side_base.limit_millicores}m)")  # fmt: skip
+            spec = spec_for(base.limit_millicores, 0, period_us, first.other_threads,
+                            sidecar=_side(first, side_base.limit_millicores, 0))  # fmt: skip
+            figures = run_run(workload, spec, layout, options)
+            tried.append(Tried(base.name, base.limit_millicores, 0, figures, base.how,
+                               side_base.limit_millicores))  # fmt: skip
+    return TuneResult(
+        scenario=scenario.name,
+        target=policy.target_ratio,
+        before=before,
+        samples=own_samples,
+        recommendation=rec,
+        after=after,
+        baselines=tried,
+        refined=refined,
+        sidecar=SidecarTune(side_rec, side_refined),
     )

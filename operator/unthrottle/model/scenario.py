@@ -116,6 +116,22 @@ class WorkloadSpec(BaseModel):
         )
 
 
+class SidecarSpec(BaseModel):
+    """A second container in the run's pod: its own workload, limit and burst, on the run's
+    period. The pod's quota is the sum of the two containers' quotas (a kubelet's), and its
+    burst the sum of their bursts, clamped to its quota (the agent's, ``agent/burst.py``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    workload: WorkloadSpec = Field(description="What the sidecar runs, beside the run's workload.")
+    cpus: Number = Field(
+        gt=0,
+        le=MAX_CPUS,
+        description="The sidecar's limit in CPUs; quota = cpus × the run's period.",
+    )
+    burst_ms: Number = Field(0, ge=0, description="The sidecar's CFS burst, ms; at most its quota.")
+
+
 class RunSpec(BaseModel):
     """One run's CPU settings; ``{}`` is no limit."""
 
@@ -144,6 +160,13 @@ class RunSpec(BaseModel):
         "the run's limit, on the same period and with no burst, as a kubelet makes a "
         "one-container pod whose containers all have limits.",
     )
+    sidecar: SidecarSpec | None = Field(
+        None,
+        description="A second container in the run's pod, with its own workload and limit: "
+        "both run in container cgroups inside a pod cgroup whose quota is the sum of theirs "
+        "(and whose burst is the sum of their bursts), as a kubelet and the agent make a "
+        "two-container pod whose containers all have limits.",
+    )
     ratio_tolerance: Number | None = Field(
         None,
         gt=0,
@@ -167,6 +190,10 @@ class RunSpec(BaseModel):
                 raise ValueError("burst_ms: a burst needs a limit (cpus)")
             if self.pod_quota:
                 raise ValueError("pod_quota: a pod quota is the run's limit; give cpus")
+            if self.sidecar is not None:
+                raise ValueError(
+                    "sidecar: a pod's quota needs a limit on every container; give cpus"
+                )
             return self
         quota_ms = self.cpus * self.period_ms
         if quota_ms * 1000 < MIN_QUOTA_US:
@@ -177,7 +204,21 @@ class RunSpec(BaseModel):
             raise ValueError(
                 f"burst_ms: {self.burst_ms:g} ms is above the quota of {quota_ms:g} ms"
             )
+        if self.sidecar is not None:
+            self._sidecar_accepted(self.sidecar)
         return self
+
+    def _sidecar_accepted(self, sidecar: SidecarSpec) -> None:
+        if "pod_quota" in self.model_fields_set and not self.pod_quota:
+            raise ValueError("pod_quota: a run with a sidecar is a pod whose quota is the sum "
+                             "of both limits; leave pod_quota out or true")  # fmt: skip
+        quota_ms = sidecar.cpus * self.period_ms
+        if quota_ms * 1000 < MIN_QUOTA_US:
+            raise ValueError(f"sidecar: a quota of {quota_ms:g} ms (cpus × the run's period_ms) "
+                             "is under the kernel's 1 ms")  # fmt: skip
+        if sidecar.burst_ms > quota_ms + 1e-9:
+            raise ValueError(f"sidecar: burst_ms {sidecar.burst_ms:g} ms is above its quota of "
+                             f"{quota_ms:g} ms")  # fmt: skip
 
     def bandwidth(self) -> Bandwidth:
         """The kernel settings this run asks for (integers, µs)."""
@@ -187,13 +228,35 @@ class RunSpec(BaseModel):
         quota_us = round(self.cpus * period_us)
         return Bandwidth(quota_us, period_us, min(round(self.burst_ms * 1000), quota_us))
 
+    @property
+    def in_pod(self) -> bool:
+        """Whether the run's workers go into a pod cgroup with a quota (``pod_quota`` or a
+        ``sidecar``)."""
+        return self.pod_quota or self.sidecar is not None
+
+    def sidecar_bandwidth(self) -> Bandwidth | None:
+        """The sidecar's settings on the run's period (integers, µs); None without one."""
+        if self.sidecar is None:
+            return None
+        period_us = round(self.period_ms * 1000)
+        quota_us = round(self.sidecar.cpus * period_us)
+        return Bandwidth(quota_us, period_us, min(round(self.sidecar.burst_ms * 1000), quota_us))
+
     def pod_bandwidth(self) -> Bandwidth | None:
-        """The pod cgroup's settings (``pod_quota``): the run's quota and period, no burst
-        (the kubelet writes none); None when the run has no pod quota."""
-        if not self.pod_quota:
+        """The pod cgroup's settings: the sum of its containers' quotas on the run's period
+        (a kubelet's); with a sidecar, the sum of the two bursts clamped to that quota (the
+        agent's), and with one container (``pod_quota``) no burst (the kubelet writes none).
+        None when the run has no pod quota."""
+        if not self.in_pod:
             return None
         own = self.bandwidth()
-        return Bandwidth(own.quota_us, own.period_us)
+        assert own.quota_us is not None
+        side = self.sidecar_bandwidth()
+        if side is None:
+            return Bandwidth(own.quota_us, own.period_us)
+        assert side.quota_us is not None
+        quota_us = own.quota_us + side.quota_us
+        return Bandwidth(quota_us, own.period_us, min(own.burst_us + side.burst_us, quota_us))
 
     def as_given(self) -> dict[str, float]:
         """The settings exactly as the file gave them (for the output's ``limit``)."""
@@ -206,7 +269,12 @@ class RunSpec(BaseModel):
             parts.append(f"{self.period_ms:g} ms period")
         if self.burst_ms:
             parts.append(f"{self.burst_ms:g} ms burst")
-        if self.pod_quota:
+        if self.sidecar is not None:
+            side = f"sidecar {self.sidecar.cpus:g} CPU"
+            if self.sidecar.burst_ms:
+                side += f" ({self.sidecar.burst_ms:g} ms burst)"
+            parts.append(side)
+        if self.in_pod:
             parts.append("pod quota")
         if self.other_threads:
             parts.append(f"{self.other_threads} other busy thread{'s' * (self.other_threads > 1)}")
@@ -229,7 +297,9 @@ class Scenario(BaseModel):
     runs: list[RunSpec] = Field(min_length=1, max_length=MAX_RUNS, description="One entry per run.")
 
 
-_OWN_FIELDS = set(WorkloadSpec.model_fields) | set(RunSpec.model_fields)
+_OWN_FIELDS = (
+    set(WorkloadSpec.model_fields) | set(RunSpec.model_fields) | set(SidecarSpec.model_fields)
+)
 """Our validators' messages start with the field's name (``cpus: …``)."""
 _PLAIN = {
     "float_type": "is not a number",
@@ -275,7 +345,8 @@ def _problem(problem: Any) -> str:
     message = problem["msg"].removeprefix("Value error, ")
     head = message.split(":", 1)[0].strip()
     if head in _OWN_FIELDS:
-        where = path.rsplit(".", 1)[0] if path else ""
+        # the model whose validator spoke: the path, less the field if the path ends in it
+        where = path.removesuffix(f".{head}") if path != head else ""
         return f"{where + '.' if where else ''}{message}"
     if problem["type"] in _PLAIN:
         message = f"{_shown(problem['input'])} {_PLAIN[problem['type']]}"
