@@ -17,8 +17,12 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+import numpy as np
+
 from cluster_query import BOUNDS, cdf
+from unthrottle.agent.exposition import ACTIVE, BACKLOG
 from unthrottle.agent.sampling import BUCKETS_CORES
+from unthrottle.cfs.backlog import fold
 
 DAY, STEP = 86_400, 60
 
@@ -48,6 +52,10 @@ class Workload:
     """The CFS period of each pod's node, s, in turn (the agent's gauge); empty: no gauge,
     and the kubelet's default 100 ms."""
 
+    backlog: bool = True
+    """Export the agent's backlog series (the order of the windows: each independent of
+    the last); False: an agent from before them, the histogram alone."""
+
     names: tuple[str, ...] = ()
     """Its pods' names, when they are real pods (an in-place canary's own history); empty:
     names as the ReplicaSet controller makes them, of pods gone by now."""
@@ -74,6 +82,25 @@ THROTTLED = Workload("shop", "checkout", 0.1, 0.10, 1.2, 0.5, 3, {"team": "pay"}
 """Bursts to 1.2 cores in one window in ten under 500m: 10 % of periods throttled."""
 HEALTHY = Workload("shop", "catalog", 0.3, 0.0, 0.0, 1.0, 2, {"team": "pay"})
 """A steady 0.3 core (up to 0.6) under 1 CPU: never throttled."""
+
+
+BACKLOG_WINDOWS = 20_000
+"""Windows drawn to fold each workload's backlog series (seeded: the same every time)."""
+
+
+def backlog_rates(w: Workload) -> dict[str, float]:
+    """The agent's backlog series for ``w``'s windows, each drawn on its own as the
+    histogram's are: per second (10 windows a second), by the series' extra labels."""
+    rng = np.random.default_rng(hash((w.base, w.share, w.burst)) % 2**32)
+    quiet = rng.uniform(0, 2 * w.base, BACKLOG_WINDOWS)
+    loud = rng.uniform(0.9 * w.burst, 1.1 * w.burst, BACKLOG_WINDOWS)
+    cores = np.where(rng.random(BACKLOG_WINDOWS) < w.share, loud, quiet)
+    counts = fold(np.rint(cores * 100_000).astype(np.int64), 100_000)
+    per_second = 10 / BACKLOG_WINDOWS
+    rates = {f'level="{level / 1000:g}",over="{over:g}"': n * per_second
+             for (level, over), n in counts.above.items()}  # fmt: skip
+    rates[""] = counts.active * per_second
+    return rates
 
 
 def openmetrics(workloads: list[Workload], end: int, span: int = DAY, step: int = STEP,
@@ -106,6 +133,10 @@ def openmetrics(workloads: list[Workload], end: int, span: int = DAY, step: int 
             for le, bound in zip(BOUNDS, (*BUCKETS_CORES, math.inf), strict=True):
                 emit("unthrottle_cpu_demand_cores_bucket", f'{labels},le="{le}"',
                      10 * cdf(w.base, w.share, w.burst, bound))  # fmt: skip
+            if w.backlog:
+                for extra, rate in backlog_rates(w).items():
+                    name = BACKLOG if extra else ACTIVE
+                    emit(name, f"{labels},{extra}" if extra else labels, rate)
     return "\n".join(lines) + "\n"
 
 

@@ -203,10 +203,11 @@ def tune_as_the_operator_reads(name: str) -> dict[str, Any]:
 @pytest.mark.slow
 def test_peaks_in_runs_of_seconds_get_a_limit_that_covers_them_and_no_burst() -> None:
     """The demo's batch with its rounds in runs (two cores busy 0.8 s, then 1.6 s idle),
-    throttled at one CPU. From the histogram alone the windows are shuffled, the bucket
-    refills between them, and the answer was a smaller limit with a burst that the kernel
-    throttled in most periods (docs/benchmarks.md §4, "Peaks in runs"); the backlog series
-    show the runs: no burst, and the kernel agrees with the target."""
+    throttled at one CPU. From the histogram alone the windows were shuffled, the bucket
+    refilled between them, and the answer was a smaller limit with a burst that the kernel
+    throttled in most periods (docs/benchmarks.md §4, "Peaks in runs"; a histogram alone
+    now gets the order worst for a burst); the backlog series show the runs: no burst, and
+    the kernel agrees with the target."""
     result = tune_as_the_operator_reads("tune-batch-runs")
     assert result["before"]["throttle_ratio"] > 0.5
     rec = result["recommendation"]

@@ -48,10 +48,20 @@ def bucket(millicores: int | None) -> int | None:
     return None if millicores is None else bisect_left(BUCKETS_CORES, millicores / 1000)
 
 
-def assert_close(ours: tuple[int | None, int], theirs: tuple[int | None, int]) -> None:
+LEAVING_SLACK_M = 2 * LIMIT_SLACK_M
+"""Two rounding steps, at the one read in which the last pods of a rollout leave the
+window: Prometheus extrapolates their last samples and counts 0.8 % more periods (71,400
+against 70,800) and 9 % more throttled ones than VictoriaMetrics, all in the bursty tail;
+where the backlog series says a burst would drain, the limit is the 95th percentile of the
+windows without one, which sits in that tail: measured 426m against 444m before headroom,
+470m against 490m after (``test_victoria_sliding``)."""
+
+
+def assert_close(ours: tuple[int | None, int], theirs: tuple[int | None, int], *,
+                 limit_slack_m: int = LIMIT_SLACK_M) -> None:  # fmt: skip
     """(limit, burst) from VictoriaMetrics and from Prometheus, as a user would compare them."""
     assert bucket(ours[0]) == bucket(theirs[0]), (ours, theirs)
-    assert abs((ours[0] or 0) - (theirs[0] or 0)) <= LIMIT_SLACK_M, (ours, theirs)
+    assert abs((ours[0] or 0) - (theirs[0] or 0)) <= limit_slack_m, (ours, theirs)
     assert abs(ours[1] - theirs[1]) <= BURST_SLACK_US, (ours, theirs)
 
 

@@ -49,12 +49,14 @@ from unthrottle.recommend.estimators import (
     confidence,
     counter_step,
     limit_for_target,
+    order_gated,
     processors,
     quota_of,
     rounded,
     step_limit,
     valid,
     with_headroom,
+    worst_order,
 )
 from unthrottle.recommend.types import (
     CounterEvidence,
@@ -89,6 +91,10 @@ def _expected_ratio(evidence: Evidence, draft: Draft, period_us: int) -> float |
         # the shuffled windows refill the bucket between peaks; the backlog knows better
         bound = evidence.backlog.ratio_at_most(draft.limit, bandwidth.burst_us)
         ratio = max(ratio, 1.0 if bound is None else bound)
+    elif not evidence.in_order and bandwidth.burst_us:
+        # the order was lost: the burst is held to the order worst for it
+        worst = simulate_series(worst_order(evidence).demand_us, bandwidth).throttle_ratio
+        ratio = max(ratio, worst)
     return round(ratio, 4)
 
 
@@ -167,10 +173,10 @@ def recommend(evidence: Evidence, current: Current, policy: Policy) -> Recommend
     uncapped = rounded(draft).limit  # what the evidence asks for, before bounds and steps
     ratio = _current_ratio(evidence, current)
     waited = _waited(draft, evidence, current, policy, ratio)
-    if (isinstance(evidence, PeriodEvidence) and evidence.backlog is not None
+    if (isinstance(evidence, PeriodEvidence) and order_gated(evidence)
             and waited.limit != draft.limit and waited.limit is not None
             and policy.strategy is not Strategy.LIMIT_ONLY):  # fmt: skip
-        # the burst was sized at the limit before; the backlog's word holds at this one only
+        # the burst was sized at the limit before; the order's word holds at this one only
         waited = burst_for_target(waited, evidence, policy.target_ratio)
     draft = waited
     draft = _finished(draft, policy, current)
@@ -245,13 +251,16 @@ def _pod_quota(draft: Draft, evidence: Evidence) -> Draft:
 
 ORDER_UNKNOWN = (
     "the order of the windows is unknown (the agent's histogram without its backlog series: "
-    "an older agent, or history from before it): the burst is sized as if the peaks stood "
-    "apart, and peaks that come in runs would drain it"
+    "an older agent, or history from before it): a burst is counted on only where it would "
+    "absorb the peaks even if they all came in one run, the order worst for it"
 )
 
 
 def _order_unknown(draft: Draft, evidence: Evidence) -> Draft:
-    """Say so where a burst rests on a rebuilt order (docs/recommend.md, "Peaks in runs")."""
+    """Say so where a burst was weighed on a rebuilt order (docs/recommend.md, "Peaks in
+    runs"): the worst order was assumed for it. Where that order raised the limit instead,
+    :func:`~unthrottle.recommend.estimators.limit_for_target`'s reason says so (one line
+    per container: a report of a thousand Deployments must stay readable)."""
     if (isinstance(evidence, PeriodEvidence) and not evidence.in_order
             and evidence.backlog is None and draft.burst_us):  # fmt: skip
         return draft.but(reason=ORDER_UNKNOWN)

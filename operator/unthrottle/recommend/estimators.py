@@ -74,18 +74,53 @@ def _smallest(lo: int, hi: int, meets: object) -> int:
     return lo
 
 
+def worst_order(evidence: PeriodEvidence) -> PeriodEvidence:
+    """The windows in the order worst for a burst: all in one run, the largest first.
+
+    A burst is a token bucket: it refills in windows below the quota and drains in those
+    above. Put together, the peaks drain it once and it never refills between them, and
+    the work they defer runs into the next largest windows; a window's backlog (the
+    Lindley recursion of :mod:`unthrottle.cfs.backlog`) is then the most any order can
+    give it, so no order throttles more windows at any limit and burst (property-tested
+    in ``tests/test_backlog.py``). For evidence rebuilt from a histogram alone, whose
+    order was lost (docs/recommend.md, "Peaks in runs")."""
+    cached = _WORST[0] if _WORST else None
+    if cached is not None and cached[0] is evidence.demand_us:
+        return cached[1]
+    ordered = replace(evidence, demand_us=np.sort(evidence.demand_us)[::-1].copy())
+    _WORST[:] = [(evidence.demand_us, ordered)]
+    return ordered
+
+
+_WORST: list[tuple[object, PeriodEvidence]] = []
+"""The last :func:`worst_order` (the array it was made from, held so that its identity
+stays its own): a binary search asks for it at every step, and sorting 50,000 windows
+costs as much as a simulation."""
+
+
+def order_gated(evidence: PeriodEvidence) -> bool:
+    """Must a burst pass :func:`burst_holds`'s gate? Not for windows in the order they
+    happened (the simulation has it); yes where the order was rebuilt."""
+    return evidence.backlog is not None or not evidence.in_order
+
+
 def burst_holds(evidence: PeriodEvidence, millicores: int, burst_us: int, target: float) -> bool:
     """Does the order of the windows let this burst absorb the peaks at this limit?
 
-    True where the order is not known (the rebuilt sequence is all there is); else the
-    backlog's bound on the ratio (:meth:`~unthrottle.cfs.backlog.Backlog.ratio_at_most`)
-    must meet the target: peaks that come one after another drain the bucket, and the
-    shuffled sequence would refill it between them.
+    Where the agent exported the order (its backlog series), the backlog's bound on the
+    ratio (:meth:`~unthrottle.cfs.backlog.Backlog.ratio_at_most`) must meet the target:
+    peaks that come one after another drain the bucket, and the shuffled sequence would
+    refill it between them. Where the order was lost (a histogram alone: an older agent,
+    or history from before it), the ratio in the order worst for the burst
+    (:func:`worst_order`) must meet it. True for windows in the order they happened
+    (the lab's samples): the simulation has the order already.
     """
-    if evidence.backlog is None:
+    if evidence.backlog is not None:
+        bound = evidence.backlog.ratio_at_most(millicores, burst_us)
+        return bound is not None and bound <= target
+    if evidence.in_order:
         return True
-    bound = evidence.backlog.ratio_at_most(millicores, burst_us)
-    return bound is not None and bound <= target
+    return ratio_at(worst_order(evidence), millicores, burst_us) <= target
 
 
 def limit_for_target(evidence: PeriodEvidence, target: float, *, with_burst: bool) -> Draft:
@@ -119,9 +154,17 @@ def limit_for_target(evidence: PeriodEvidence, target: float, *, with_burst: boo
         reason=f"period-level evidence ({evidence.describe()}): {limit}m is the smallest "
         f"limit {how} whose simulated throttle ratio meets the target {target:g}"
     )
-    if with_burst and evidence.backlog is not None:
+    if with_burst and order_gated(evidence):
         apart = _smallest(floor, limit, lambda m: meets(m, gated=False))
         if apart < limit:
+            if evidence.backlog is None:
+                worst = ratio_at(worst_order(evidence), apart, quota_of(apart, period))
+                draft = draft.but(
+                    reason=f"the order of the windows is unknown and a burst of its quota at "
+                    f"{apart}m would not absorb the peaks if they came in one run (up to "
+                    f"{worst:.0%} of the windows throttled), so the limit is {limit}m"
+                )
+                return draft
             bound = evidence.backlog.ratio_at_most(apart, quota_of(apart, period))
             seen = (f"up to {bound:.0%} of the windows would stay throttled" if bound is not None
                     else "it is below the lowest level the backlog is kept at")  # fmt: skip
@@ -174,7 +217,8 @@ def burst_for_target(draft: Draft, evidence: PeriodEvidence, target: float) -> D
         return draft.but(burst_us=0, reason=why)
     burst = _smallest(0, quota, meets)
     burst = min(quota, -(-burst // ROUND_BURST_TO_US) * ROUND_BURST_TO_US)
-    how = "" if evidence.backlog is None else ", and the backlog says they stand apart"
+    how = (", and the backlog says they stand apart" if evidence.backlog is not None
+           else "" if evidence.in_order else ", even if they all came in one run")  # fmt: skip
     return draft.but(
         burst_us=burst,
         reason=f"burst {burst / 1000:g} ms absorbs the short peaks at {limit}m{how}",
