@@ -41,7 +41,9 @@ from typing import Any
 import numpy as np
 import requests
 
+from unthrottle.agent.exposition import ACTIVE, BACKLOG
 from unthrottle.agent.sampling import BUCKETS_CORES
+from unthrottle.cfs.backlog import fold
 from unthrottle.devtools.prometheus import PrometheusServer
 from unthrottle.metrics.advise import Job, advise_all, usable_cpus
 from unthrottle.metrics.evidence import CONCURRENCY, fetch, queries
@@ -84,6 +86,26 @@ def cdf(base: float, share: float, burst: float, bound: float) -> float:
         return quiet
     loud = min(1.0, max(0.0, (bound - 0.9 * burst) / (0.2 * burst)))
     return (1 - share) * quiet + share * loud
+
+
+BACKLOG_WINDOWS = 20_000
+"""Windows drawn to fold a workload's backlog series (seeded: the same every time)."""
+
+
+def backlog_rates(base: float, share: float, burst: float) -> list[tuple[str, str, float]]:
+    """The node agent's backlog series for windows shaped as :func:`cdf`'s, each window
+    drawn on its own (no runs): ``(metric, extra labels, per second)``, 10 windows a
+    second. What a current agent exports beside the histogram (the order of the windows,
+    docs/recommend.md "Peaks in runs"); without it the engine assumes the worst order."""
+    rng = np.random.default_rng(hash((base, share, burst)) % 2**32)
+    quiet = rng.uniform(0, 2 * base, BACKLOG_WINDOWS)
+    loud = rng.uniform(0.9 * burst, 1.1 * burst, BACKLOG_WINDOWS)
+    cores = np.where(rng.random(BACKLOG_WINDOWS) < share, loud, quiet)
+    counts = fold(np.rint(cores * 100_000).astype(np.int64), 100_000)
+    per_second = 10 / BACKLOG_WINDOWS
+    rates = [(BACKLOG, f'level="{level / 1000:g}",over="{over:g}"', n * per_second)
+             for (level, over), n in counts.above.items()]  # fmt: skip
+    return [*rates, (ACTIVE, "", counts.active * per_second)]
 
 
 def write_history(path: Path, deployments: int, days: int, step: int, end: int) -> int:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
-from cluster_query import BOUNDS, cdf  # noqa: E402
+from cluster_query import BOUNDS, backlog_rates, cdf  # noqa: E402
 from unthrottle.agent.sampling import BUCKETS_CORES  # noqa: E402
 from unthrottle.devtools.prometheus import PrometheusServer  # noqa: E402
 
@@ -76,6 +76,8 @@ def history(end: int) -> str:
                 rate = 10 * cdf(base, share, burst, bound)
                 emit("unthrottle_cpu_demand_cores_bucket", f'{labels},le="{le}"',
                      lambda s, r=rate: r * s)  # fmt: skip
+            for name, extra, rate in backlog_rates(base, share, burst):  # a current agent's
+                emit(name, f"{labels},{extra}" if extra else labels, lambda s, r=rate: r * s)
     return "\n".join(lines) + "\n"
 
 

@@ -17,12 +17,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import numpy as np
-
-from cluster_query import BOUNDS, cdf
-from unthrottle.agent.exposition import ACTIVE, BACKLOG
+from cluster_query import BOUNDS, backlog_rates, cdf
 from unthrottle.agent.sampling import BUCKETS_CORES
-from unthrottle.cfs.backlog import fold
 
 DAY, STEP = 86_400, 60
 
@@ -84,25 +80,6 @@ HEALTHY = Workload("shop", "catalog", 0.3, 0.0, 0.0, 1.0, 2, {"team": "pay"})
 """A steady 0.3 core (up to 0.6) under 1 CPU: never throttled."""
 
 
-BACKLOG_WINDOWS = 20_000
-"""Windows drawn to fold each workload's backlog series (seeded: the same every time)."""
-
-
-def backlog_rates(w: Workload) -> dict[str, float]:
-    """The agent's backlog series for ``w``'s windows, each drawn on its own as the
-    histogram's are: per second (10 windows a second), by the series' extra labels."""
-    rng = np.random.default_rng(hash((w.base, w.share, w.burst)) % 2**32)
-    quiet = rng.uniform(0, 2 * w.base, BACKLOG_WINDOWS)
-    loud = rng.uniform(0.9 * w.burst, 1.1 * w.burst, BACKLOG_WINDOWS)
-    cores = np.where(rng.random(BACKLOG_WINDOWS) < w.share, loud, quiet)
-    counts = fold(np.rint(cores * 100_000).astype(np.int64), 100_000)
-    per_second = 10 / BACKLOG_WINDOWS
-    rates = {f'level="{level / 1000:g}",over="{over:g}"': n * per_second
-             for (level, over), n in counts.above.items()}  # fmt: skip
-    rates[""] = counts.active * per_second
-    return rates
-
-
 def openmetrics(workloads: list[Workload], end: int, span: int = DAY, step: int = STEP,
                 start: int | None = None) -> str:  # fmt: skip
     """OpenMetrics text (without ``# EOF``) from ``end - span`` (or ``start``) to ``end``."""
@@ -134,8 +111,7 @@ def openmetrics(workloads: list[Workload], end: int, span: int = DAY, step: int 
                 emit("unthrottle_cpu_demand_cores_bucket", f'{labels},le="{le}"',
                      10 * cdf(w.base, w.share, w.burst, bound))  # fmt: skip
             if w.backlog:
-                for extra, rate in backlog_rates(w).items():
-                    name = BACKLOG if extra else ACTIVE
+                for name, extra, rate in backlog_rates(w.base, w.share, w.burst):
                     emit(name, f"{labels},{extra}" if extra else labels, rate)
     return "\n".join(lines) + "\n"
 
