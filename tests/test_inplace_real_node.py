@@ -39,8 +39,11 @@ pytestmark = [requires_prometheus, pytest.mark.kernel]
 PODS = "v1/pods"
 VERIFY_S = 15 * 60
 APP = Workload("stage", "api", 0.1, 0.10, 1.2, 0.5, 2, {"app.kubernetes.io/part-of": "ip"})
-"""Throttled 10 % of periods under 500m: the recommendation raises the limit to 690m and
-gives it a 54 ms burst."""
+"""Throttled 10 % of periods under 500m: the recommendation raises the limit to 830m and
+gives it a 68 ms burst (the agent's backlog series bound the burst at the levels it is kept
+at: 690m and 54 ms when the windows were taken to stand apart without them)."""
+LIMIT_M, QUOTA_US, BURST_US = 830, 83_000, 68_000
+"""APP's recommendation: the limit, its quota at the 100 ms period, the burst."""
 HURT = {"share": 0.4, "limit": 0.66}
 CALM = Workload("stage", "api", 0.3, 0.0, 0.0, 1.0, 1, {"app.kubernetes.io/part-of": "ip"})
 """A steady 0.3 core under 1 CPU: never throttled, the recommendation lowers the limit."""
@@ -189,18 +192,18 @@ def test_the_real_kubelet_resizes_the_canary_then_the_rest_in_their_cgroups_no_r
     assert state == "Verifying" and "canary: pod" in message, message
     record = _record(rw.world.deployment(APP.name))
     canary = record.canary or ""
-    rw.until_kernel(canary, quota=69_000)  # the kubelet wrote the new quota
+    rw.until_kernel(canary, quota=QUOTA_US)  # the kubelet wrote the new quota
     assert all(rw.kernel(n)[0] == 50_000 for n in before if n != canary)  # nobody else yet
     state, message = rw.reconcile_until("the canary reported resized",
                                         lambda s, m: "verifying its throttling" in m)  # fmt: skip
-    rw.until_kernel(canary, burst=54_000)  # the agent wrote the final burst
+    rw.until_kernel(canary, burst=BURST_US)  # the agent wrote the final burst
     rw.world.clock.now = T0 + 60
     rw.history(canary, T0 + 60, limit=0.69)
     rw.world.clock.now = T0 + 60 + VERIFY_S + 60
     state, message = rw.reconcile_until("every pod resized", lambda s, m: s == "Applied")
     assert "none restarted" in message, message
     for name, cid in before.items():
-        rw.until_kernel(name, quota=69_000, burst=54_000)
+        rw.until_kernel(name, quota=QUOTA_US, burst=BURST_US)
         status = rw.pod(name)["status"]["containerStatuses"][0]
         assert status["containerID"] == cid and status["restartCount"] == 0
 
@@ -208,14 +211,14 @@ def test_the_real_kubelet_resizes_the_canary_then_the_rest_in_their_cgroups_no_r
 def test_the_rollback_of_a_raised_burst_lowers_it_before_the_quota_falls(
     rw: RealWorld,
 ) -> None:
-    """The change raised the burst (0 → 54 ms) with the limit; the canary got worse. Its
+    """The change raised the burst (0 → 68 ms) with the limit; the canary got worse. Its
     rollback must lower the burst first: the kernel refuses the old 50 ms quota under a
-    54 ms burst, and the kubelet would report Error and retry it for ever."""
+    68 ms burst, and the kubelet would report Error and retry it for ever."""
     rw.world.policy("ip", "ip", apply={"method": "InPlace"})
     rw.reconcile()
     canary = _record(rw.world.deployment(APP.name)).canary or ""
     rw.reconcile_until("the canary resized", lambda s, m: "verifying its throttling" in m)
-    rw.until_kernel(canary, quota=69_000, burst=54_000)
+    rw.until_kernel(canary, quota=QUOTA_US, burst=BURST_US)
     rw.world.clock.now = T0 + 60
     rw.history(canary, T0 + 60, **HURT)
     rw.world.clock.now = T0 + 60 + VERIFY_S + 60
@@ -246,7 +249,7 @@ def test_a_canary_made_unready_by_its_resize_is_rolled_back_not_replaced(
     throttlepolicy_crd: None,
 ) -> None:  # fmt: skip
     """Its readiness probe passes while its quota is at most 50 ms (its cgroup, as the
-    container sees it): the resize to 690m makes it unready, as throttling or a slow
+    container sees it): the resize to 830m makes it unready, as throttling or a slow
     start would. The next pod must not be resized in its place."""
     python = str(Path(sys.executable))
     probe = {"exec": {"command": [python, "-c", "import sys; sys.exit(int(open("
@@ -257,7 +260,7 @@ def test_a_canary_made_unready_by_its_resize_is_rolled_back_not_replaced(
         rw.world.policy("ip", "ip", apply={"method": "InPlace"})
         rw.reconcile()
         canary = _record(rw.world.deployment(APP.name)).canary or ""
-        rw.until_kernel(canary, quota=69_000)
+        rw.until_kernel(canary, quota=QUOTA_US)
         rw.kube.until("the canary unready", lambda: rw.pod(canary),
                       lambda p: any(c["type"] == "Ready" and c["status"] == "False"
                                     for c in p["status"]["conditions"]))  # fmt: skip
@@ -346,7 +349,7 @@ def test_a_deleted_policy_closes_its_records_and_new_pods_keep_the_template(
     rw.reconcile_until("every pod resized", lambda s, m: s == "Applied")
     admission = PodAdmission(KubeOwners(rw.world.api))
     some_pod = rw.pod(canary)
-    assert admission.patch(some_pod) is not None  # a new pod of this ReplicaSet gets 690m
+    assert admission.patch(some_pod) is not None  # a new pod of this ReplicaSet gets 830m
     body = rw.kube.get("unthrottle.io/v1alpha1/throttlepolicies", rw.stage, "ip")
     assert body is not None
     rw.world.reconciler.forget(body)  # what the operator's delete handler does
@@ -482,7 +485,7 @@ def test_a_resize_the_node_has_no_room_for_is_deferred_then_given_up_or_rolled_o
     tmp_path: Path, control_plane: ControlPlane, real_node: RealNode, layout: Layout,
     throttlepolicy_crd: None, method: str,
 ) -> None:  # fmt: skip
-    """A Guaranteed pod's request moves with its limit (500m → 690m, 190m more); a filler
+    """A Guaranteed pod's request moves with its limit (500m → 830m, 330m more); a filler
     leaves the node 100m. The real kubelet answers PodResizePending, Deferred. InPlace
     resizes the pod back (so that its kubelet stops waiting) and says the kubelet's words;
     once there is room and the policy changes, the resize goes through and the pod stays
@@ -501,7 +504,7 @@ def test_a_resize_the_node_has_no_room_for_is_deferred_then_given_up_or_rolled_o
             record = _record(deployment)
             assert record.method == "Rollout"
             (c,) = deployment["spec"]["template"]["spec"]["containers"]
-            assert c["resources"]["limits"]["cpu"] == "690m", c["resources"]
+            assert c["resources"]["limits"]["cpu"] == f"{LIMIT_M}m", c["resources"]
             return
         _, message = rw.reconcile_until("rolled back", lambda s, m: s == "RolledBack",
                                         timeout_s=90)  # fmt: skip
@@ -521,10 +524,11 @@ def test_a_resize_the_node_has_no_room_for_is_deferred_then_given_up_or_rolled_o
         resized = rw.pod(pod)
         (spec,) = resized["spec"]["containers"]
         (status,) = resized["status"]["containerStatuses"]
-        assert spec["resources"]["requests"]["cpu"] == "690m" == spec["resources"]["limits"]["cpu"]
-        assert status["resources"]["requests"]["cpu"] == "690m"
+        resources = spec["resources"]
+        assert resources["requests"]["cpu"] == f"{LIMIT_M}m" == resources["limits"]["cpu"]
+        assert status["resources"]["requests"]["cpu"] == f"{LIMIT_M}m"
         assert resized["status"]["qosClass"] == "Guaranteed" and status["restartCount"] == 0
-        rw.until_kernel(pod, quota=69_000)
+        rw.until_kernel(pod, quota=QUOTA_US)
 
 
 def test_a_pod_created_while_the_webhook_was_down_is_resized_after_the_verdict(
@@ -546,14 +550,14 @@ def test_a_pod_created_while_the_webhook_was_down_is_resized_after_the_verdict(
     rw.kube.patch("apps/v1/deployments", rw.stage, APP.name, {"spec": {"replicas": 3}})
     rw.kube.rolled_out(rw.stage, APP.name, timeout_s=120)
     (new,) = set(rw.pods()) - before
-    assert rw.kernel(new)[0] == 50_000  # the template's limit: no webhook gave it 690m
+    assert rw.kernel(new)[0] == 50_000  # the template's limit: no webhook gave it 830m
     state, message = rw.reconcile()
     assert state == "Applied" and "created without the applied settings" in message, message
     assert f"pod {new}" in message, message
     state, message = rw.reconcile_until(
         "the status without the stray", lambda s, m: "created without" not in m)  # fmt: skip
     assert state == "Applied", message
-    rw.until_kernel(new, quota=69_000, burst=54_000)  # the kubelet's quota, the agent's burst
+    rw.until_kernel(new, quota=QUOTA_US, burst=BURST_US)  # the kubelet's quota, the agent's burst
     assert rw.resizes().count(new) == 1
     assert rw.pod(new)["status"]["containerStatuses"][0]["restartCount"] == 0
     assert _record(rw.world.deployment(APP.name)).verdict == "Applied"
@@ -618,7 +622,7 @@ def test_a_resize_past_the_nodes_allocatable_is_refused_by_the_server_and_given_
     throttlepolicy_crd: None,
 ) -> None:  # fmt: skip
     """The node's kubelet restarted with 1400m reserved: 600m allocatable. A Guaranteed pod
-    of 500m asked to 690m is past it, and the API server refuses the resize (403) before
+    of 500m asked to 830m is past it, and the API server refuses the resize (403) before
     the kubelet sees it; InPlace gives up with the server's words, the quota never moved.
     The kubelet is restarted without the reservation after."""
     app = replace(APP, pods=1)
