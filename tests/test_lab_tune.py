@@ -227,10 +227,18 @@ def test_peaks_in_runs_of_seconds_get_a_limit_that_covers_them_and_no_burst() ->
 def test_peaks_that_stand_apart_keep_a_burst_and_meet_the_target() -> None:
     """Seed 002's burst: a 20 ms task every 93 ms at 0.25 CPU, so a window now and then
     holds two tasks. The backlog drains between them: the burst stays, and the kernel
-    meets the target under it."""
-    result = tune_as_the_operator_reads("seed-002-burst")
+    meets the target under it. Tuned again (:func:`judged`) where the host took from the
+    runs the answer was sized from: once beside a hog, with 5 s of host steal over this
+    test, the agent's view read the tasks as a run and kept no burst."""
+
+    def no_burst_or_missed(tuned: dict[str, Any]) -> bool:
+        return bool(tuned["recommendation"]["burst_us"] == 0
+                    or final_run(tuned)["throttle_ratio"] > MET)  # fmt: skip
+
+    result = judged(lambda: tune_as_the_operator_reads("seed-002-burst"), no_burst_or_missed)
     rec = result["recommendation"]
-    assert rec["burst_us"] > 0
+    took = max(run["lost_ms"] for run in sized_from(result))
+    assert rec["burst_us"] > 0, f"no burst; the host took {took:.0f} ms from a run sized from"
     assert rec["limit_millicores"] <= 400  # the 0.215 core it averages, and a burst
     assert not any("order of the windows is unknown" in r for r in rec["reasons"])
     assert result["after"]["throttle_ratio"] <= MET
