@@ -31,6 +31,8 @@ pytestmark = pytest.mark.kernel
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
 POD_BATCH = ROOT / "scenarios" / "pod-quota-batch.yaml"
 REPEATS = 2
+POD_OPTIONS = LabOptions(isolate=True, pin=True)
+"""As the seed tests measure: the workers pinned, the machine's other processes idle."""
 
 
 def leftovers() -> set[str]:
@@ -44,8 +46,7 @@ def measured() -> list[list[RunFigures]]:
     assert KERNEL_LAYOUT is not None, "conftest fails a CI run without a cgroup CPU controller"
     before = leftovers()
     scenario = load_scenario(POD_BATCH)
-    options = LabOptions(isolate=True, pin=True)
-    runs = [run_scenario(scenario, KERNEL_LAYOUT, options) for _ in range(REPEATS)]
+    runs = [run_scenario(scenario, KERNEL_LAYOUT, POD_OPTIONS) for _ in range(REPEATS)]
     assert leftovers() <= before, "a run's container or pod cgroup was left behind"
     return runs
 
@@ -69,10 +70,21 @@ def test_the_pods_stall_is_what_the_containers_counters_miss(
     both cgroups book a stall when their quotas run out together (equal quotas, grids a few
     ms apart: 1.16× in bench/results/pod-stall.json, 1.33× once on CI over 12 periods), so
     the evidence caps the sum by the wait (cfs.pod.stalled_us) and never counts less than
-    either level."""
-    pods = [in_pod.extra["pod"]["throttled_ms"] for _, _, in_pod in measured]
-    assert max(pods) > 0, "the pod's quota never ran out first"
-    for _, _, in_pod in measured:
+    either level. Where the pod's quota runs out first depends on where the kernel put its
+    grid against the container's, which no setting chooses: over 18 runs (10 beside a hog)
+    the pod was throttled 2-795 ms, in 1-12 of 12 periods, and once on CI both runs of
+    this test 0 (the pod's grid 87 ms after the container's). So the scenario is measured
+    again, at most MORE_REPEATS times, while no run has shown the pod's stall."""
+    assert KERNEL_LAYOUT is not None
+    repeats = list(measured)
+    for _ in range(MORE_REPEATS):
+        if any(in_pod.extra["pod"]["throttled_ms"] > 0 for _, _, in_pod in repeats):
+            break
+        print("measured again: the pod's quota never ran out first on the kernel's grids")
+        repeats.append(run_scenario(load_scenario(POD_BATCH), KERNEL_LAYOUT, POD_OPTIONS))
+    pods = [in_pod.extra["pod"]["throttled_ms"] for _, _, in_pod in repeats]
+    assert max(pods) > 0, f"the pod's quota never ran out first in {len(pods)} runs"
+    for _, _, in_pod in repeats:
         wait, own = in_pod.stat.wait_us, in_pod.stat.throttled_us
         pod = round(in_pod.extra["pod"]["throttled_ms"] * 1000)
         assert own <= 1.02 * wait and pod <= 1.02 * wait, (own, pod, wait)
@@ -95,7 +107,7 @@ def test_the_model_agrees_with_every_run_of_the_pod_scenario(
         if not any(disturbed(run) for run in found):
             break
         print("measured again, the host took from every measurement of a run that disagrees")
-        repeats.append(run_scenario(scenario, KERNEL_LAYOUT, LabOptions(isolate=True, pin=True)))
+        repeats.append(run_scenario(scenario, KERNEL_LAYOUT, POD_OPTIONS))
         found = agreement(scenario, repeats, cores=2)
     misses = [a.describe() for a in found if not a.agrees]
     assert not misses, "\n".join(misses)
