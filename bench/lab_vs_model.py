@@ -138,7 +138,7 @@ def table(found: list[RunAgreement]) -> str:
         sides = tuple(c.sidecar for c in a.comparisons if c.sidecar is not None)
         if a.spec.sidecar is not None and sides:
             lines.append(f"| | sidecar, {a.spec.sidecar.cpus:g} CPU | {_cells(sides)} |"
-                         f"{' |' if pods else ''} (the run's) |")  # fmt: skip
+                         f"{' |' if pods else ''} (in the run's verdict) |")  # fmt: skip
     return "\n".join(lines)
 
 

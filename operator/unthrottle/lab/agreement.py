@@ -157,8 +157,10 @@ class Comparison:
 
     @property
     def lost_ms(self) -> float:
-        """What the host took from the measured run's tasks, ms (taken out of its latency)."""
-        return float(self.measured.extra.get("lost_ms") or 0.0)
+        """What the host took from the measured run's tasks, ms (taken out of its latency),
+        and from its sidecar's."""
+        own = float(self.measured.extra.get("lost_ms") or 0.0)
+        return own + (self.sidecar.lost_ms if self.sidecar is not None else 0.0)
 
     @property
     def misses(self) -> list[str]:
