@@ -25,7 +25,8 @@ kernel, see docs/model.md):
 - **Phase and wake-up.** Where the workload starts against the period
   boundaries and the ticks, and how late a sleeping worker runs after its task
   is due (``Machine``).
-- **More workers than cores** share the cores evenly (processor sharing).
+- **More workers than cores** share the cores evenly (processor sharing); two containers'
+  threads on one CPU share it by their groups' weights first (``_Run._speeds``).
 - **Other load** (``Machine.other_threads``): busy threads of other processes,
   always runnable, pinned to the cores in turn (as the lab pins them); the
   workers run on the least busy cores, and a core shared by k running workers
@@ -41,9 +42,8 @@ kernel, see docs/model.md):
   them apart); a sidecar's thread wakes on the CPU with the fewest threads the kernel can
   run there (a throttled one is off the run queue).
 
-Not modelled: SMT; a CPU shared by two containers' threads is shared evenly between the
-threads, not between the containers' groups first (the same where each has one thread
-there). The run starts after an idle spell, with full buckets.
+Not modelled: SMT; how the kernel's group weights lag (they follow load averages). The run
+starts after an idle spell, with full buckets.
 """
 
 from __future__ import annotations
@@ -433,12 +433,7 @@ class _Run:
         """Advance to the next event and handle what happens at it."""
         t = self.t
         running = [w for w in self.workers if self.runnable(w, t)]
-        sharing = [0] * self.cpus  # each CPU is shared evenly by its running workers
-        for worker in running:
-            sharing[worker.cpu] += 1
-        # A CPU shared by k running workers and h busy threads of other processes gives
-        # each worker 1 / (k + h) of it.
-        speed = {id(w): 1.0 / (sharing[w.cpu] + self.others[w.cpu]) for w in running}
+        speed = self._speeds(running)
         cpu_rate = [0.0] * self.cpus  # CPU time per µs, per CPU: every container's
         rates = [[0.0] * self.cpus for _ in self.containers]  # the same, per container
         for worker in running:
@@ -474,6 +469,35 @@ class _Run:
         for container in self.containers:
             container.dispatch.arrive(t)
         self.wake_check(t)
+
+    def _speeds(self, running: list[_Worker]) -> dict[int, float]:
+        """The share of its CPU each running worker gets, by ``id``.
+
+        A CPU shared by k running workers and h busy threads of other processes gives the
+        workers k / (k + h) of it: each 1 / (k + h) where they are of one container. Where
+        they are of both, the kernel weighs the containers' groups first
+        (``calc_group_shares``): a group's weight is spread over the CPUs it runs on, in
+        proportion to its threads there, so a container with one running thread on each of
+        two CPUs weighs half as much on each as a sidecar with its one thread on one; within
+        a group its threads share evenly.
+        """
+        on_cpu = [[0] * len(self.containers) for _ in range(self.cpus)]
+        anywhere = [0] * len(self.containers)
+        for worker in running:
+            on_cpu[worker.cpu][worker.group] += 1
+            anywhere[worker.group] += 1
+        speed = {}
+        for worker in running:
+            here = on_cpu[worker.cpu]
+            sharing = sum(here)
+            even = 1.0 / (sharing + self.others[worker.cpu])
+            if here[worker.group] == sharing:  # one container's threads alone on the CPU
+                speed[id(worker)] = even
+                continue
+            weights = [k / total if total else 0.0 for k, total in zip(here, anywhere, strict=True)]
+            group = weights[worker.group] / sum(weights)
+            speed[id(worker)] = even * sharing * group / here[worker.group]
+        return speed
 
     def _next_event(self, running: list[_Worker], speed: dict[int, float],
                     drains: list[_Drain]) -> float:  # fmt: skip
