@@ -22,6 +22,14 @@ their table has the pod's throttle ratio beside the container's:
 
     sudo .venv/bin/python bench/lab_vs_model.py --pod --repeats 2 --isolate --pin \
         --save bench/results/lab-vs-model-pod.json
+
+``--sidecar`` measures the two-container pod scenarios (scenarios/pod-sidecar-*.yaml: the run's
+container beside a sidecar, the pod's quota the sum of theirs), into their own results file;
+their table has a row for each container (the sidecar's held to the same rules) and the pod's
+ratio beside them:
+
+    sudo .venv/bin/python bench/lab_vs_model.py --sidecar --repeats 2 --isolate --pin \
+        --save bench/results/lab-vs-model-sidecar.json
 """
 
 from __future__ import annotations
@@ -35,42 +43,27 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from unthrottle.cfs.figures import CpuStatDelta, Latency, RunFigures
-from unthrottle.lab.agreement import RunAgreement, agreement, cfs_latency
+from unthrottle.cfs.figures import RunFigures
+from unthrottle.lab.agreement import Comparison, RunAgreement, agreement, cfs_latency
 from unthrottle.lab.noise import OtherLoad
 from unthrottle.model.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIOS = sorted((ROOT / "scenarios").glob("seed-*.yaml"))
-POD_SCENARIOS = sorted((ROOT / "scenarios").glob("pod-quota-*.yaml"))
-_FIGURE_KEYS = {"limit", "latency_ms", "wall_ms", "nr_periods", "nr_throttled", "throttled_ms",
-                "nr_bursts", "burst_ms", "throttle_ratio", "usage_ms"}  # fmt: skip
+SETS = {
+    "seed": (sorted((ROOT / "scenarios").glob("seed-*.yaml")), "lab-vs-model.json"),
+    "pod": (sorted((ROOT / "scenarios").glob("pod-quota-*.yaml")), "lab-vs-model-pod.json"),
+    "sidecar": (sorted((ROOT / "scenarios").glob("pod-sidecar-*.yaml")),
+                "lab-vs-model-sidecar.json"),
+}  # fmt: skip
+"""The scenarios each option measures, and the results file they are saved in."""
 
 
-def figures_from_json(run: dict[str, Any]) -> RunFigures:
-    """A run as `lab run --json` printed it, back into figures."""
-    return RunFigures(
-        limit=dict(run["limit"]),
-        latency=Latency.from_json(run["latency_ms"]),
-        wall_ms=float(run["wall_ms"]),
-        stat=CpuStatDelta(
-            nr_periods=int(run["nr_periods"]),
-            nr_throttled=int(run["nr_throttled"]),
-            throttled_us=round(float(run["throttled_ms"]) * 1000),
-            nr_bursts=int(run["nr_bursts"]),
-            burst_us=round(float(run["burst_ms"]) * 1000),
-            usage_us=round(float(run.get("usage_ms") or 0) * 1000),
-        ),
-        extra={k: v for k, v in run.items() if k not in _FIGURE_KEYS},
-    )
-
-
-def measure(repeats: int, isolate: bool, pin: bool, *, pod: bool = False) -> dict[str, Any]:
-    """Run the lab ``repeats`` times over every seed scenario (``pod``: every pod-quota
-    scenario); the results file's content."""
+def measure(repeats: int, isolate: bool, pin: bool, *, which: str = "seed") -> dict[str, Any]:
+    """Run the lab ``repeats`` times over every scenario of a set (``SETS``: the seeds, the
+    pod-quota ones, the two-container ones); the results file's content."""
     exe = Path(sys.executable).with_name("unthrottle")
     flags = [*(["--isolate"] if isolate else []), *(["--pin"] if pin else [])]
-    paths = POD_SCENARIOS if pod else SCENARIOS
+    paths, saved = SETS[which]
     cmd = [str(exe), "lab", "run", "--json", *flags, *map(str, paths)]
     measurements = []
     for _ in range(repeats):
@@ -79,26 +72,27 @@ def measure(repeats: int, isolate: bool, pin: bool, *, pod: bool = False) -> dic
         entries = [json.loads(line) for line in text.splitlines() if line.strip()]
         measurements.append({"other_load_cores": round(noise.cores, 2),
                              "seconds": round(noise.seconds, 1), "scenarios": entries})  # fmt: skip
-    saved = "lab-vs-model-pod.json" if pod else "lab-vs-model.json"
+    option = "" if which == "seed" else f"--{which} "
     return {
-        "command": f"sudo .venv/bin/python bench/lab_vs_model.py {'--pod ' if pod else ''}"
+        "command": f"sudo .venv/bin/python bench/lab_vs_model.py {option}"
         f"--repeats {repeats} {' '.join(flags)} --save bench/results/{saved}".replace("  ", " "),
         "measured": datetime.date.today().isoformat(),
         "cores": len(os.sched_getaffinity(0)),
         "isolated": isolate,
         "pinned": pin,
         "measurements": measurements,
-        **({"pod": True} if pod else {}),
+        **({which: True} if which != "seed" else {}),
     }
 
 
 def agreements(results: dict[str, Any]) -> list[RunAgreement]:
     """Every run of every scenario in a results file, against the model."""
     out = []
-    for path in POD_SCENARIOS if results.get("pod") else SCENARIOS:
+    which = next((w for w in SETS if results.get(w)), "seed")
+    for path in SETS[which][0]:
         scenario = load_scenario(path)
         repeats = [
-            [figures_from_json(run) for run in entry["runs"]]
+            [RunFigures.from_json(run) for run in entry["runs"]]
             for m in results["measurements"]
             for entry in m["scenarios"]
             if entry["name"] == scenario.name
@@ -120,14 +114,14 @@ def _pod_ratio(figures: RunFigures) -> float:
 
 def table(found: list[RunAgreement]) -> str:
     """The Markdown table of docs/benchmarks.md §3 (with the pod's ratio where a run has a
-    pod quota: reported, not held to a rule)."""
-    pods = any(a.spec.pod_quota for a in found)
+    pod quota: reported, not held to a rule; a run with a sidecar has a second row, the
+    sidecar's, held as the run's is and agreeing in the same measurement)."""
+    pods = any(a.spec.in_pod for a in found)
     pod_head = (" pod ratio lab / model |", "---|") if pods else ("", "")
     lines = ["| scenario | run | p50 ms lab / model | p95 ms lab / model | ratio lab / model "
              f"|{pod_head[0]} agrees |", f"|---|---|---|---|---|{pod_head[1]}---|"]  # fmt: skip
     for a in found:
         ms, ps = [c.measured for c in a.comparisons], [c.predicted for c in a.comparisons]
-        lab = [cfs_latency(m) for m in ms]  # less what the host took, as compared
         verdict = "yes" if a.agrees else "**no**: " + "; ".join(
             m for c in a.comparisons for m in c.misses)  # fmt: skip
         if a.spec.cpus is None:
@@ -137,17 +131,25 @@ def table(found: list[RunAgreement]) -> str:
             widened.append(f"latency ±{a.spec.latency_tolerance:.0%}")
         if widened:
             verdict += f" ({', '.join(widened)}, from the scenario file)"
-        lines.append(
-            f"| {a.scenario} | {a.spec.label()} "
-            f"| {_span([m.p50 for m in lab], 1)} / {_span([p.latency.p50 for p in ps], 1)} "
+        pod = (f" {_span([_pod_ratio(m) for m in ms], 2)} / "
+               f"{_span([_pod_ratio(p) for p in ps], 2)} |" if pods else "")  # fmt: skip
+        lines.append(f"| {a.scenario} | {a.spec.label()} | {_cells(a.comparisons)} |{pod}"
+                     f" {verdict} |")  # fmt: skip
+        sides = tuple(c.sidecar for c in a.comparisons if c.sidecar is not None)
+        if a.spec.sidecar is not None and sides:
+            lines.append(f"| | sidecar, {a.spec.sidecar.cpus:g} CPU | {_cells(sides)} |"
+                         f"{' |' if pods else ''} (in the run's verdict) |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def _cells(comparisons: tuple[Comparison, ...]) -> str:
+    """p50, p95 and the ratio, the lab's over the measurements against the model's."""
+    ms, ps = [c.measured for c in comparisons], [c.predicted for c in comparisons]
+    lab = [cfs_latency(m) for m in ms]  # less what the host took, as compared
+    return (f"{_span([m.p50 for m in lab], 1)} / {_span([p.latency.p50 for p in ps], 1)} "
             f"| {_span([m.p95 for m in lab], 1)} / {_span([p.latency.p95 for p in ps], 1)} "
             f"| {_span([m.stat.throttle_ratio for m in ms], 2)} / "
-            f"{_span([r for c in a.comparisons for r in c.band], 2)} |"
-            + (f" {_span([_pod_ratio(m) for m in ms], 2)} / "
-               f"{_span([_pod_ratio(p) for p in ps], 2)} |" if pods else "")
-            + f" {verdict} |"
-        )  # fmt: skip
-    return "\n".join(lines)
+            f"{_span([r for c in comparisons for r in c.band], 2)}")  # fmt: skip
 
 
 def main() -> int:
@@ -158,11 +160,14 @@ def main() -> int:
     parser.add_argument("--isolate", action="store_true", help="`lab run --isolate`")
     parser.add_argument("--pin", action="store_true", help="`lab run --pin`")
     parser.add_argument("--pod", action="store_true", help="the pod-quota scenarios instead")
+    parser.add_argument("--sidecar", action="store_true",
+                        help="the two-container pod scenarios instead")  # fmt: skip
     args = parser.parse_args()
+    which = "pod" if args.pod else "sidecar" if args.sidecar else "seed"
     if args.source:
         results = json.loads(args.source.read_text())
     else:
-        results = measure(args.repeats, args.isolate, args.pin, pod=args.pod)
+        results = measure(args.repeats, args.isolate, args.pin, which=which)
         if args.save:
             args.save.write_text(json.dumps(results, indent=1) + "\n")
     for m in results["measurements"]:

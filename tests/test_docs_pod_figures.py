@@ -1,5 +1,6 @@
 """The pod level's figures in the docs are the saved runs' (bench/results/pod-stall.json,
-bench/results/lab-vs-model-pod.json, bench/results/pod-sidecar.json), as
+bench/results/lab-vs-model-pod.json, bench/results/pod-sidecar.json,
+bench/results/lab-vs-model-sidecar-first.json), as
 tests/test_docs_figures.py holds the others."""
 
 from __future__ import annotations
@@ -77,7 +78,18 @@ def test_the_pod_table_is_the_saved_runs() -> None:
     assert " ".join(table.split()) in section(3)
 
 
-@pytest.mark.parametrize("name", ["pod-stall.json", "lab-vs-model-pod.json", "pod-sidecar.json"])
+def test_the_two_container_table_is_the_saved_runs() -> None:
+    saved = results("lab-vs-model-sidecar-first.json")
+    table = lab_vs_model.table(lab_vs_model.agreements(saved))
+    assert "sidecar, 0.2 CPU" in table
+    assert " ".join(table.split()) in section(3)
+
+
+POD_RESULTS = ["pod-stall.json", "lab-vs-model-pod.json", "pod-sidecar.json",
+               "lab-vs-model-sidecar-first.json"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", POD_RESULTS)
 def test_each_pod_results_file_is_named_with_its_command(name: str) -> None:
     assert results(name)["command"] in section(3).replace("\\ ", "")
 

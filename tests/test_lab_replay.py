@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from conftest import ROOT, SCENARIOS
+from unthrottle.cfs.figures import RunFigures
 from unthrottle.cfs.workload import Workload
 from unthrottle.cli.output import lost_notes
 from unthrottle.lab.agreement import RATIO_TOLERANCE, Comparison, compare, latency_close
@@ -73,7 +74,7 @@ def test_a_model_without_the_quota_disagrees_with_the_throttled_runs(
             for spec, run in zip(scenario.runs, entry["runs"], strict=True):
                 if run["throttle_ratio"] > 1 / 3:
                     throttled += 1
-                    fig = lab_vs_model.figures_from_json(run)
+                    fig = RunFigures.from_json(run)
                     unlimited = RunSpec(period_ms=spec.period_ms)
                     assert compare(workload, unlimited, fig, cores).misses, spec.label()
     assert throttled >= 10
@@ -105,7 +106,7 @@ def test_a_ratio_decided_by_tenths_of_a_millisecond_is_held_to_the_models_band(
     index, spec = next((i, r) for i, r in enumerate(scenario.runs) if not r.burst_ms)
     assert spec.ratio_tolerance is None  # nothing widened in the file
     entry = next(e for e in results["measurements"][0]["scenarios"] if e["name"] == scenario.name)
-    saved = lab_vs_model.figures_from_json(entry["runs"][index])
+    saved = RunFigures.from_json(entry["runs"][index])
     workload, cores = scenario.workload.to_workload(), int(results["cores"])
     periods = saved.stat.nr_periods
 
@@ -150,7 +151,7 @@ def test_the_open_pools_ratio_is_held_to_its_band_and_the_default_tolerance_alon
     workload, index, spec = open_pool()
     entry = next(e for e in results["measurements"][0]["scenarios"]
                  if e["name"] == "seed-004-open-pool")  # fmt: skip
-    saved = lab_vs_model.figures_from_json(entry["runs"][index])
+    saved = RunFigures.from_json(entry["runs"][index])
     cores = int(results["cores"])
     low, high = compare(workload, spec, saved, cores).band
     assert (round(low, 3), round(high, 3)) == (0.458, 0.5)
@@ -199,7 +200,7 @@ def test_a_runs_latency_tolerance_widens_its_latency_and_only_that(
     scenario = load_scenario(ROOT / "scenarios" / "seed-004-open-pool.yaml")
     index, spec = next((i, r) for i, r in enumerate(scenario.runs) if r.latency_tolerance)
     entry = next(e for e in results["measurements"][0]["scenarios"] if e["name"] == scenario.name)
-    measured = lab_vs_model.figures_from_json(entry["runs"][index])
+    measured = RunFigures.from_json(entry["runs"][index])
     workload, cores = scenario.workload.to_workload(), int(results["cores"])
     predicted = compare(workload, spec, measured, cores).predicted.latency
     slower = dataclasses.replace(
@@ -220,7 +221,7 @@ def test_what_the_host_took_is_taken_out_of_the_latency_and_said(
     scenario = load_scenario(ROOT / "scenarios" / "seed-002-burst.yaml")
     index, spec = next((i, r) for i, r in enumerate(scenario.runs) if r.burst_ms)
     entry = next(e for e in results["measurements"][0]["scenarios"] if e["name"] == scenario.name)
-    measured = lab_vs_model.figures_from_json(entry["runs"][index])
+    measured = RunFigures.from_json(entry["runs"][index])
     workload, cores = scenario.workload.to_workload(), int(results["cores"])
     assert compare(workload, spec, measured, cores).misses == []  # as saved: it agrees
     kept = measured.latency
@@ -236,7 +237,7 @@ def test_what_the_host_took_is_taken_out_of_the_latency_and_said(
     unrecorded = dataclasses.replace(stolen, extra=measured.extra)
     assert [m for m in compare(workload, spec, unrecorded, cores).misses if "p95 38.5" in m]
     # `lab run` says so under its table, for that run only
-    other = lab_vs_model.figures_from_json(entry["runs"][1 - index])
+    other = RunFigures.from_json(entry["runs"][1 - index])
     runs = [stolen, other] if index == 0 else [other, stolen]
     assert lost_notes([(scenario, runs)]) == [
         f"seed-002-burst / {spec.label()}: the host took 85 ms from its tasks (steal); "

@@ -228,12 +228,3 @@ def test_tune_sizes_each_container_so_that_the_pod_meets_the_target_too() -> Non
     assert side <= OVER * side_need, (side, f"sidecar's need {side_need:.0f}m")
     side_demand = demand_rate(result["before"]["sidecar"])
     assert first[1] <= OVER * side_demand, (first[1], f"sidecar's demand {side_demand:.0f}m")
-
-
-def test_simulate_refuses_a_sidecar_naming_the_field() -> None:
-    """The task model has one container per pod: a prediction that left the sidecar out
-    would be wrong, so none is given."""
-    out = subprocess.run([str(UNTHROTTLE), "simulate", str(POD_SIDECAR)], capture_output=True,
-                         text=True, timeout=60, check=False)  # fmt: skip
-    assert out.returncode == 2
-    assert "pod-sidecar-batch: sidecar: the model simulates one container per pod" in out.stderr

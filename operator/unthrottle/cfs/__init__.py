@@ -2,7 +2,8 @@
 
 - :mod:`.settings`: quota / period / burst as validated integers; quantities at the edge;
 - :mod:`.series`: a per-period demand series under a quota (vectorised);
-- :mod:`.tasks`: a task workload on N cores, with ticks, phase and burst, and a pod quota;
+- :mod:`.tasks`: a task workload on N cores, with ticks, phase and burst, a pod quota and a
+  second container (a sidecar); :mod:`.bucket`: one cgroup's bucket in it;
 - :mod:`.pod`: the pod level: a container's stall under its pod's quota, the pair at the
   series level; :mod:`.pod_series`: several containers of a pod at the series level;
 - :mod:`.figures`: the figures of a run, shared with the lab.
@@ -22,7 +23,7 @@ from unthrottle.cfs.settings import (
     format_cpu,
     parse_cpu,
 )
-from unthrottle.cfs.tasks import DEFAULT_HZ, Machine, simulate_tasks
+from unthrottle.cfs.tasks import DEFAULT_HZ, Machine, Sidecar, simulate_tasks
 from unthrottle.cfs.workload import Kind, Workload
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "RunFigures",
     "SeriesResult",
     "SeriesTrace",
+    "Sidecar",
     "Workload",
     "format_cpu",
     "nearest_rank",

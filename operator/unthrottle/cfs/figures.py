@@ -105,3 +105,29 @@ class RunFigures:
             "wait_ms": round(self.stat.wait_us / 1000, 3),
             **self.extra,
         }
+
+    @classmethod
+    def from_json(cls, run: dict[str, Any]) -> RunFigures:
+        """Back from :meth:`to_json`'s shape (a run `lab run --json` or `simulate --json`
+        printed, a sidecar's in its ``extra``); what is not a figure goes back in ``extra``."""
+        return cls(
+            limit=dict(run["limit"]),
+            latency=Latency.from_json(run["latency_ms"]),
+            wall_ms=float(run["wall_ms"]),
+            stat=CpuStatDelta(
+                nr_periods=int(run["nr_periods"]),
+                nr_throttled=int(run["nr_throttled"]),
+                throttled_us=round(float(run["throttled_ms"]) * 1000),
+                nr_bursts=int(run["nr_bursts"]),
+                burst_us=round(float(run["burst_ms"]) * 1000),
+                usage_us=round(float(run.get("usage_ms") or 0) * 1000),
+                wait_us=round(float(run.get("wait_ms") or 0) * 1000),
+            ),
+            extra={k: v for k, v in run.items() if k not in _FIGURE_KEYS},
+        )
+
+
+_FIGURE_KEYS = frozenset({"limit", "latency_ms", "wall_ms", "nr_periods", "nr_throttled",
+                          "throttled_ms", "nr_bursts", "burst_ms", "throttle_ratio", "usage_ms",
+                          "wait_ms"})  # fmt: skip
+"""The keys of :meth:`RunFigures.to_json` that are figures (the rest is ``extra``)."""

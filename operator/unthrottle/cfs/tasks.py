@@ -25,7 +25,8 @@ kernel, see docs/model.md):
 - **Phase and wake-up.** Where the workload starts against the period
   boundaries and the ticks, and how late a sleeping worker runs after its task
   is due (``Machine``).
-- **More workers than cores** share the cores evenly (processor sharing).
+- **More workers than cores** share the cores evenly (processor sharing); two containers'
+  threads on one CPU share it by their groups' weights first (``_Run._speeds``).
 - **Other load** (``Machine.other_threads``): busy threads of other processes,
   always runnable, pinned to the cores in turn (as the lab pins them); the
   workers run on the least busy cores, and a core shared by k running workers
@@ -34,9 +35,15 @@ kernel, see docs/model.md):
   throttled, or its share short of a core, as the kernel's schedstat run delay
   counts it (``cgroups.waits``).
 
-Not modelled: the per-CPU 5 ms runtime slices (they split the quota between
-CPUs, they do not change it), SMT. The run starts
-after an idle spell, with a full bucket.
+- **A pod** (``pod``, ``sidecar``): a pod cgroup's bucket above the container's, and a
+  second container's (a sidecar's) beside it, each on a grid of its own
+  (:mod:`unthrottle.cfs.bucket`); a CPU runs a container's thread only with runtime of its
+  container's bucket and the pod's. The run's workers are placed as alone (the lab pins
+  them apart); a sidecar's thread wakes on the CPU with the fewest threads the kernel can
+  run there (a throttled one is off the run queue).
+
+Not modelled: SMT; how the kernel's group weights lag (they follow load averages). The run
+starts after an idle spell, with full buckets.
 """
 
 from __future__ import annotations
@@ -44,13 +51,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
+from unthrottle.cfs.bucket import EPS as _EPS
+from unthrottle.cfs.bucket import Bucket
 from unthrottle.cfs.figures import CpuStatDelta, Latency, RunFigures
 from unthrottle.cfs.pod import pod_figures
 from unthrottle.cfs.settings import Bandwidth
 from unthrottle.cfs.workload import Kind, Workload
 
-_EPS = 1e-6  # µs; events closer than this are simultaneous
 _SNAP = 1e-3  # µs; an event this close before a period boundary happens at the boundary
 DEFAULT_HZ = 250
 """CONFIG_HZ of most distribution kernels (Debian, Ubuntu); RHEL uses 1000."""
@@ -78,6 +87,8 @@ class Machine:
     """Time from the last period boundary to the workload's start, in [0, period)."""
     pod_phase_us: int = 0
     """Time from the last boundary of the pod cgroup's own grid to the start (a pod quota)."""
+    sidecar_phase_us: int = 0
+    """Time from the last boundary of the sidecar's own grid to the start (a second container)."""
     tick_phase_us: int = 0
     """Time from the last tick to the workload's start, in [0, 1/HZ)."""
     wakeup_us: int = 0
@@ -97,7 +108,8 @@ class Machine:
             raise ValueError("cores: at least one core is needed")
         if not 1 <= self.hz <= 10_000:
             raise ValueError(f"hz: {self.hz} is not a kernel tick rate")
-        if min(self.period_phase_us, self.tick_phase_us, self.pod_phase_us) < 0:
+        if min(self.period_phase_us, self.tick_phase_us, self.pod_phase_us,
+               self.sidecar_phase_us) < 0:  # fmt: skip
             raise ValueError("phase: cannot be negative")
         if self.other_threads < 0:
             raise ValueError("other_threads: cannot be negative")
@@ -117,6 +129,7 @@ class _Worker:
     cpu: int = 0  # the run queue it sits on
     placed: bool = False  # on a run queue for its current task
     woke: bool = True  # the task follows a sleep (a scheduling event), not a running loop
+    group: int = 0  # its container: 0 the run's, 1 the sidecar
 
     @property
     def busy(self) -> bool:
@@ -124,54 +137,27 @@ class _Worker:
 
 
 @dataclass(slots=True)
-class _Cpu:
-    local: float = 0.0  # runtime drawn from the quota and not yet spent (< 0: a debt)
-    throttled: bool = False
-    pod_local: float = 0.0  # the same, of the pod's quota (its cfs_rq on this CPU)
-    pod_throttled: bool = False
-
-    @property
-    def stopped(self) -> bool:
-        """Throttled by the container's quota or the pod's."""
-        return self.throttled or self.pod_throttled
-
-
-@dataclass(slots=True)
-class _Pod:
-    """The pod cgroup's bucket and grid (a pod quota): as the container's, its own."""
-
-    quota: float
-    burst: float
-    period: float
-    next_boundary: float
-    pool: float = 0.0
-    timer_active: bool = False
-    used_since_boundary: float = 0.0
-    nr_periods: int = 0
-    nr_throttled: int = 0
-    throttled_us: float = 0.0
-
-
-@dataclass(slots=True)
-class _Clock:
-    """Period boundaries and ticks relative to the workload's start."""
-
-    period: float
-    tick: float
-    next_boundary: float
-    next_tick: float
-
-
-@dataclass(slots=True)
 class _Stats:
-    nr_periods: int = 0
-    nr_throttled: int = 0
-    throttled_us: float = 0.0
-    nr_bursts: int = 0
-    burst_us: float = 0.0
     usage_us: float = 0.0
     wait_us: float = 0.0
     latencies_us: list[float] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Container:
+    """One container of the pod while it runs: its workers, their dispatcher, its bucket
+    (None without a quota) and what it measured."""
+
+    workers: list[_Worker]
+    dispatch: _Dispatcher
+    bucket: Bucket | None
+    alone: bool
+    """Its workers are placed as if alone on the machine (module docstring: the run's
+    container; the lab pins its workers apart). Otherwise they wake on the CPU with the
+    fewest threads the kernel can run there, of either container."""
+    stats: _Stats = field(default_factory=_Stats)
+    end: float = 0.0
+    """When its last task ended, µs."""
 
 
 class _Dispatcher:
@@ -265,6 +251,20 @@ class _Dispatcher:
         return self.latencies >= self.w.total_tasks
 
 
+@dataclass(frozen=True, slots=True)
+class Sidecar:
+    """A second container in the pod, beside the run's: its own workload and bandwidth (its
+    own bucket, on a grid that ``Machine.sidecar_phase_us`` places)."""
+
+    workload: Workload
+    bandwidth: Bandwidth
+    limit: dict[str, float] = field(default_factory=dict)
+    """Its settings as given, for its figures' ``limit`` (as ``lab run`` prints them)."""
+    wakeup_us: int | None = None
+    """Delay from its sleeping worker's due time to its running (the lab measures each
+    container's); None: the machine's (``Machine.wakeup_us``)."""
+
+
 def simulate_tasks(
     workload: Workload,
     bandwidth: Bandwidth,
@@ -272,6 +272,7 @@ def simulate_tasks(
     *,
     limit: dict[str, float] | None = None,
     pod: Bandwidth | None = None,
+    sidecar: Sidecar | None = None,
 ) -> RunFigures:
     """Predict one run: latency percentiles, wall time and ``cpu.stat`` figures.
 
@@ -280,266 +281,304 @@ def simulate_tasks(
     holds runtime of both quotas, each drawn and refilled as the container's is. The pod's
     counters come in ``extra["pod"]`` (:func:`unthrottle.cfs.pod.pod_figures`).
 
+    ``sidecar``: a second container in the pod, with a bucket of its own; a CPU runs its
+    workers only with runtime of its bucket and the pod's. Its figures come in
+    ``extra["sidecar"]`` (the JSON shape of a run's), and the pod's usage, both
+    containers', in ``extra["pod"]["usage_ms"]``. Each container's counters are read when
+    both have ended, as the lab reads them (:meth:`Bucket.periods_in_span`).
+
     Each worker stands for its CPU's run queue. It runs on runtime its CPU drew
     from the pool in slices; when that is spent and the pool cannot give more,
     it is throttled until a refill pays its debt. With more workers than cores,
     slices shrink in proportion, so the CPUs together still hold what they would.
     """
-    quota = bandwidth.quota_us
-    limited = quota is not None
-    period = float(bandwidth.period_us)
-    burst = float(bandwidth.burst_us)
+    run = _Run(workload, bandwidth, machine, pod, sidecar)
+    run.wake_check(0.0)
+    while not all(c.dispatch.all_done for c in run.containers):
+        run.step()
+    main = run.containers[0]
     phase = machine.period_phase_us % bandwidth.period_us
-    tick_phase = machine.tick_phase_us % machine.tick_us
-    clock = _Clock(
-        period=period,
-        tick=machine.tick_us,
-        next_boundary=period - phase if phase else period,
-        next_tick=machine.tick_us - tick_phase if tick_phase else machine.tick_us,
+    extra: dict[str, Any] = {"period_phase_ms": phase / 1000, "hz": machine.hz}
+    if sidecar is not None:
+        side_phase = machine.sidecar_phase_us % sidecar.bandwidth.period_us
+        extra["sidecar"] = _figures(run.containers[1], sidecar.limit, {
+            "period_phase_ms": side_phase / 1000, "hz": machine.hz}).to_json()  # fmt: skip
+    box = run.pod
+    if box is not None:
+        extra["pod"] = pod_figures(box.nr_periods, box.nr_throttled, round(box.throttled_us))
+        if sidecar is not None:  # the pod's usage: both containers' (a one-container pod's
+            extra["pod"]["usage_ms"] = round(run.pod_usage_us / 1000, 3)  # is its own)
+        extra["pod_period_phase_ms"] = machine.pod_phase_us % box.period / 1000
+    return _figures(main, limit if limit is not None else {}, extra)
+
+
+def _figures(container: _Container, limit: dict[str, float], extra: dict[str, Any]) -> RunFigures:
+    """One container's figures over its span."""
+    stats, box = container.stats, container.bucket
+    periods, throttled = box.periods_in_span() if box is not None else (0, 0)
+    return RunFigures(
+        limit=limit,
+        latency=Latency.of([v / 1000 for v in stats.latencies_us]),
+        wall_ms=container.end / 1000,
+        stat=CpuStatDelta(
+            nr_periods=periods,
+            nr_throttled=throttled,
+            throttled_us=round(box.throttled_us) if box is not None else 0,
+            nr_bursts=box.nr_bursts if box is not None else 0,
+            burst_us=round(box.burst_us) if box is not None else 0,
+            usage_us=round(stats.usage_us),
+            wait_us=round(stats.wait_us),
+        ),
+        extra=extra,
     )
-    slice_us = float(machine.slice_us)
-    keep_us = float(machine.retained_us)
-    at_ticks = machine.accounting is Accounting.TICK
-    pool = float(quota) + burst if quota is not None else math.inf
-    snap = pool  # runtime at the last refill, for burst accounting
-    timer_active = False
-    used_since_boundary = 0.0
 
-    box = None
-    if pod is not None and pod.quota_us is not None:
-        pod_period = float(pod.period_us)
-        pod_phase = machine.pod_phase_us % pod.period_us
-        box = _Pod(float(pod.quota_us), float(pod.burst_us), pod_period,
-                   pod_period - pod_phase if pod_phase else pod_period,
-                   float(pod.quota_us + pod.burst_us))  # fmt: skip
-    bounded = limited or box is not None
 
-    cpus = [_Cpu() for _ in range(min(machine.cores, workload.workers))]
-    # Other busy threads, pinned to the CPUs in turn; the workers run on the least busy.
-    per_core = [machine.other_threads // machine.cores + (i < machine.other_threads % machine.cores)
-                for i in range(machine.cores)]  # fmt: skip
-    others = sorted(per_core)[: len(cpus)]
-    workers = [_Worker(cpu=i % len(cpus)) for i in range(workload.workers)]
-    stats = _Stats()
-    dispatch = _Dispatcher(workload, workers, machine.wakeup_us)
-    dispatch.start()
-    t = 0.0
-    end = 0.0
+_Drain = tuple[Bucket, list[float]]
+"""A bucket and the CPU time per µs each CPU draws from it."""
 
-    def draw(cpu: _Cpu) -> bool:
-        """Top up a CPU's runtime from the pool (``assign_cfs_rq_runtime``); False: throttle."""
-        nonlocal pool
-        if cpu.local > _EPS:
-            return True
-        take = min(slice_us - cpu.local, max(pool, 0.0))
-        cpu.local += take
-        pool -= take
-        return cpu.local > _EPS
 
-    def draw_pod(cpu: _Cpu) -> bool:
-        """The same from the pod's pool, for the pod's run queue on that CPU."""
-        assert box is not None
-        if cpu.pod_local > _EPS:
-            return True
-        take = min(slice_us - cpu.pod_local, max(box.pool, 0.0))
-        cpu.pod_local += take
-        box.pool -= take
-        return cpu.pod_local > _EPS
+class _Run:
+    """The state of one simulated run and its steps: placing waking workers, advancing to
+    the next event, ending tasks, refilling buckets, checking spent runtime."""
 
-    def spend_check(cpu: _Cpu) -> None:
-        """Throttle a CPU whose runtime is spent: the container's first, then the pod's (a
-        CPU the container's quota stopped runs nothing the pod is charged for)."""
-        if limited and not cpu.throttled and not draw(cpu):
-            cpu.throttled = True
-        if box is not None and not cpu.stopped and not draw_pod(cpu):
-            cpu.pod_throttled = True
+    def __init__(self, workload: Workload, bandwidth: Bandwidth, machine: Machine,
+                 pod: Bandwidth | None, sidecar: Sidecar | None) -> None:  # fmt: skip
+        threads = workload.workers + (sidecar.workload.workers if sidecar is not None else 0)
+        cpus = min(machine.cores, threads)
+        self.cpus = cpus
+        # Other busy threads, pinned to the CPUs in turn; the workers run on the least busy.
+        per_core = [machine.other_threads // machine.cores
+                    + (i < machine.other_threads % machine.cores)
+                    for i in range(machine.cores)]  # fmt: skip
+        self.others = sorted(per_core)[:cpus]
+        workers = [_Worker(cpu=i % cpus) for i in range(workload.workers)]
+        self.containers = [_Container(workers, _Dispatcher(workload, workers, machine.wakeup_us),
+                                      Bucket.of(bandwidth, machine.period_phase_us, cpus),
+                                      alone=True)]  # fmt: skip
+        if sidecar is not None:
+            first = workload.workers
+            side = [_Worker(cpu=(first + i) % cpus, group=1)
+                    for i in range(sidecar.workload.workers)]  # fmt: skip
+            wakeup = machine.wakeup_us if sidecar.wakeup_us is None else sidecar.wakeup_us
+            bucket = Bucket.of(sidecar.bandwidth, machine.sidecar_phase_us, cpus)
+            self.containers.append(
+                _Container(side, _Dispatcher(sidecar.workload, side, wakeup), bucket, alone=False)
+            )
+        self.workers = [w for c in self.containers for w in c.workers]
+        self.pod = Bucket.of(pod, machine.pod_phase_us, cpus) if pod is not None else None
+        self.pod_usage_us = 0.0
+        self.buckets = [c.bucket for c in self.containers if c.bucket is not None]
+        self.buckets += [self.pod] if self.pod is not None else []
+        tick_phase = machine.tick_phase_us % machine.tick_us
+        self.tick = machine.tick_us
+        self.next_tick = machine.tick_us - tick_phase if tick_phase else machine.tick_us
+        self.slice_us = float(machine.slice_us)
+        self.keep_us = float(machine.retained_us)
+        self.at_ticks = machine.accounting is Accounting.TICK
+        self.t = 0.0
+        for container in self.containers:
+            container.dispatch.start()
 
-    def wanting(worker: _Worker, now: float) -> bool:
-        return worker.busy and worker.ready_at <= now + _EPS
+    def bucket_of(self, worker: _Worker) -> Bucket | None:
+        return self.containers[worker.group].bucket
 
-    def runnable(worker: _Worker, now: float) -> bool:
-        return wanting(worker, now) and worker.placed and not cpus[worker.cpu].stopped
+    def stopped(self, worker: _Worker) -> bool:
+        """Its CPU's runtime is spent: its container's quota there, or the pod's."""
+        own, box = self.bucket_of(worker), self.pod
+        return (own is not None and own.throttled[worker.cpu]) or (
+            box is not None and box.throttled[worker.cpu]
+        )
 
-    def queued(index: int, now: float) -> int:
-        return sum(1 for w in workers if w.cpu == index and w.placed and wanting(w, now))
+    def runnable(self, worker: _Worker, now: float) -> bool:
+        return _wanting(worker, now) and worker.placed and not self.stopped(worker)
 
-    def wake_check(now: float) -> None:
-        # A waking worker goes to the least busy CPU (its last one on a tie), as wake-up
-        # balancing does; if that CPU's runtime is spent and the pool is empty, it is stopped.
-        nonlocal timer_active
-        for worker in workers:
-            if worker.placed or not wanting(worker, now):
+    def spend_check(self, cpu: int, members: list[_Container]) -> None:
+        """Throttle a CPU whose runtime is spent, for the containers with threads there: each
+        one's own quota first, then the pod's (a CPU a container's quota stopped runs nothing
+        of it the pod is charged for)."""
+        for container in members:
+            if container.bucket is not None:
+                container.bucket.check(cpu, self.slice_us)
+        box = self.pod
+        if box is not None and any(c.bucket is None or not c.bucket.throttled[cpu]
+                                   for c in members):  # fmt: skip
+            box.check(cpu, self.slice_us)
+
+    def load(self, cpu: int, now: float, container: _Container) -> int:
+        """How busy a CPU is to a waking worker of ``container`` (``_Container.alone``)."""
+        if container.alone:
+            return sum(1 for w in container.workers
+                       if w.cpu == cpu and w.placed and _wanting(w, now))  # fmt: skip
+        return sum(1 for w in self.workers if w.cpu == cpu and self.runnable(w, now))
+
+    def wake_check(self, now: float) -> None:
+        """A waking worker goes to the least busy CPU (its last one on a tie), as wake-up
+        balancing does; if that CPU's runtime is spent and the pool is empty, it is stopped."""
+        for worker in self.workers:
+            if worker.placed or not _wanting(worker, now):
                 continue
-            loads = [queued(i, now) for i in range(len(cpus))]
+            container = self.containers[worker.group]
+            loads = [self.load(i, now, container) for i in range(self.cpus)]
             best = min(loads)
             worker.cpu = worker.cpu if loads[worker.cpu] == best else loads.index(best)
             worker.placed = True
-            if limited:
-                timer_active = True
-            if box is not None:
-                box.timer_active = True
-            if bounded:
-                spend_check(cpus[worker.cpu])
+            if container.bucket is not None:
+                container.bucket.timer_active = True
+            if self.pod is not None:
+                self.pod.timer_active = True
+            if self.buckets:
+                self.spend_check(worker.cpu, [container])
 
-    wake_check(t)
-    while not dispatch.all_done:
-        running = [w for w in workers if runnable(w, t)]
-        n = len(running)
-        sharing = [0] * len(cpus)  # each CPU is shared evenly by its running workers
-        for worker in running:
-            sharing[worker.cpu] += 1
-        # A CPU shared by k running workers and h busy threads of other processes gives
-        # each worker 1 / (k + h) of it.
-        speed = {id(w): 1.0 / (sharing[w.cpu] + others[w.cpu]) for w in running}
-        cpu_rate = [0.0] * len(cpus)
+    def step(self) -> None:
+        """Advance to the next event and handle what happens at it."""
+        t = self.t
+        running = [w for w in self.workers if self.runnable(w, t)]
+        speed = self._speeds(running)
+        cpu_rate = [0.0] * self.cpus  # CPU time per µs, per CPU: every container's
+        rates = [[0.0] * self.cpus for _ in self.containers]  # the same, per container
         for worker in running:
             cpu_rate[worker.cpu] += speed[id(worker)]
+            rates[worker.group][worker.cpu] += speed[id(worker)]
+        drains = [(c.bucket, r) for c, r in zip(self.containers, rates, strict=True)
+                  if c.bucket is not None]  # fmt: skip
+        drains += [(self.pod, cpu_rate)] if self.pod is not None else []
+        nxt = self._next_event(running, speed, drains)
+        dt = max(0.0, nxt - t)
+        self._advance(dt, running, speed, rates, drains)
+        self.t = t = nxt
+        self._end_tasks([w for w in running if w.remaining <= _EPS])
+        # Period boundaries: count, refill, pay debts and unthrottle, maybe stop the timer. A
+        # refill that falls on a tick comes first, so a quota covering every CPU never throttles.
+        for box in self.buckets:
+            while box.next_boundary <= t + _EPS:
+                box.refill()
+        for container in self.containers:
+            if container.bucket is not None and container.dispatch.all_done:
+                container.bucket.ended()
+        # Spent runtime stops a CPU's workers: at once, or at the next tick.
+        at_tick = self.next_tick <= t + _EPS
+        while self.next_tick <= t + _EPS:
+            self.next_tick += self.tick
+        if self.buckets and (at_tick or not self.at_ticks):
+            for index in range(self.cpus):
+                members = [c for c in self.containers if any(
+                    w.cpu == index and self.runnable(w, t) for w in c.workers)]  # fmt: skip
+                if members:
+                    self.spend_check(index, members)
+        # Arrivals and wake-ups.
+        for container in self.containers:
+            container.dispatch.arrive(t)
+        self.wake_check(t)
 
-        candidates = [dispatch.next_event()]
-        candidates += [w.ready_at for w in workers if w.busy and w.ready_at > t + _EPS]
-        if n:
+    def _speeds(self, running: list[_Worker]) -> dict[int, float]:
+        """The share of its CPU each running worker gets, by ``id``.
+
+        A CPU shared by k running workers and h busy threads of other processes gives the
+        workers k / (k + h) of it: each 1 / (k + h) where they are of one container. Where
+        they are of both, the kernel weighs the containers' groups first
+        (``calc_group_shares``): a group's weight is spread over the CPUs it runs on, in
+        proportion to its threads there, so a container with one running thread on each of
+        two CPUs weighs half as much on each as a sidecar with its one thread on one; within
+        a group its threads share evenly.
+        """
+        on_cpu = [[0] * len(self.containers) for _ in range(self.cpus)]
+        anywhere = [0] * len(self.containers)
+        for worker in running:
+            on_cpu[worker.cpu][worker.group] += 1
+            anywhere[worker.group] += 1
+        speed = {}
+        for worker in running:
+            here = on_cpu[worker.cpu]
+            sharing = sum(here)
+            even = 1.0 / (sharing + self.others[worker.cpu])
+            if here[worker.group] == sharing:  # one container's threads alone on the CPU
+                speed[id(worker)] = even
+                continue
+            weights = [k / total if total else 0.0 for k, total in zip(here, anywhere, strict=True)]
+            group = weights[worker.group] / sum(weights)
+            speed[id(worker)] = even * sharing * group / here[worker.group]
+        return speed
+
+    def _next_event(self, running: list[_Worker], speed: dict[int, float],
+                    drains: list[_Drain]) -> float:  # fmt: skip
+        t = self.t
+        candidates = [c.dispatch.next_event() for c in self.containers]
+        candidates += [w.ready_at for w in self.workers if w.busy and w.ready_at > t + _EPS]
+        if running:
             candidates.append(t + min(w.remaining / speed[id(w)] for w in running))
-        if limited and (timer_active or any(c.throttled for c in cpus)):
-            candidates.append(clock.next_boundary)
-        if box is not None and (box.timer_active or any(c.pod_throttled for c in cpus)):
-            candidates.append(box.next_boundary)
-        if bounded and n:
-            if at_ticks:
-                candidates.append(clock.next_tick)
-            else:
-                candidates += [
-                    t + local / r for c, r in zip(cpus, cpu_rate, strict=True)
-                    for local in ((c.local,) if limited else ()) + (
-                        (c.pod_local,) if box is not None else ())
-                    if r > 0 and local > _EPS
-                ]  # fmt: skip
+        candidates += [box.next_boundary for box in self.buckets if box.due]
+        if self.buckets and running:
+            if self.at_ticks:
+                candidates.append(self.next_tick)
+            else:  # a CPU's runtime of a bucket runs out
+                candidates += [t + local / r for box, rate in drains
+                               for local, r in zip(box.local, rate, strict=True)
+                               if r > 0 and local > _EPS]  # fmt: skip
         nxt = min(candidates)
-        if limited and 0 < clock.next_boundary - nxt < _SNAP:
-            nxt = clock.next_boundary  # the same instant, up to float error: refill first
-        if box is not None and 0 < box.next_boundary - nxt < _SNAP:
-            nxt = box.next_boundary
+        for box in self.buckets:
+            if 0 < box.next_boundary - nxt < _SNAP:
+                nxt = box.next_boundary  # the same instant, up to float error: refill first
         if nxt == math.inf:  # pragma: no cover - a stuck simulation is a bug
             raise RuntimeError("simulation stalled with work left")
-        dt = max(0.0, nxt - t)
+        return nxt
 
-        # Advance. A worker that wants a CPU waits for the part of dt it does not run.
-        for worker in workers:
-            if worker.placed and wanting(worker, t):
+    def _advance(self, dt: float, running: list[_Worker], speed: dict[int, float],
+                 rates: list[list[float]], drains: list[_Drain]) -> None:  # fmt: skip
+        """``dt`` passes: work done, runtime spent, usage, waits and throttled time counted.
+        A worker that wants a CPU waits for the part of dt it does not run."""
+        t = self.t
+        for worker in self.workers:
+            if worker.placed and _wanting(worker, t):
+                stats = self.containers[worker.group].stats
                 stats.wait_us += (1.0 - speed.get(id(worker), 0.0)) * dt
         for worker in running:
             worker.remaining -= dt * speed[id(worker)]
-        for cpu, r in zip(cpus, cpu_rate, strict=True):
-            cpu.local -= r * dt if limited else 0.0
-            cpu.pod_local -= r * dt if box is not None else 0.0
-        used = sum(cpu_rate) * dt
-        stats.usage_us += used
-        used_since_boundary += used
-        stalled = {w.cpu for w in workers if wanting(w, t) and cpus[w.cpu].throttled}
-        stats.throttled_us += len(stalled) * dt
-        if box is not None:
-            box.used_since_boundary += used
-            stalled = {w.cpu for w in workers if wanting(w, t) and cpus[w.cpu].pod_throttled}
-            box.throttled_us += len(stalled) * dt
-        t = nxt
+        for box, rate in drains:
+            for cpu, r in enumerate(rate):
+                box.local[cpu] -= r * dt
+        for container, rate in zip(self.containers, rates, strict=True):
+            used = sum(rate) * dt
+            container.stats.usage_us += used
+            if container.bucket is not None:
+                container.bucket.used_since_boundary += used
+                container.bucket.throttled_us += dt * _stalled(container.workers,
+                                                               container.bucket, t)  # fmt: skip
+        if self.pod is not None:
+            used = sum(drains[-1][1]) * dt
+            self.pod_usage_us += used
+            self.pod.used_since_boundary += used
+            self.pod.throttled_us += dt * _stalled(self.workers, self.pod, t)
 
-        # Tasks that finished. A CPU whose run queue empties (no worker on it goes straight on
-        # without sleeping) gives back its runtime beyond `retained_us`.
-        finished = [w for w in running if w.remaining <= _EPS]
+    def _end_tasks(self, finished: list[_Worker]) -> None:
+        """Tasks that finished. A CPU whose run queue of a cgroup empties (no worker of it
+        there goes straight on without sleeping) gives back its runtime beyond
+        ``retained_us``: a container's for its own workers, the pod's for either's."""
+        t = self.t
         for worker in finished:
-            dispatch.complete(worker, t, stats)
-            end = t
-        for index in {w.cpu for w in finished}:
-            goes_on = any(w.cpu == index and wanting(w, t) and not w.woke for w in workers) or any(
-                w.cpu == index and runnable(w, t) and w.ready_at < t - _EPS for w in workers
-            )
-            if limited and not goes_on and cpus[index].local > keep_us:
-                pool += cpus[index].local - keep_us
-                cpus[index].local = keep_us
-            if box is not None and not goes_on and cpus[index].pod_local > keep_us:
-                box.pool += cpus[index].pod_local - keep_us
-                cpus[index].pod_local = keep_us
-        # Period boundary: count, refill, pay debts and unthrottle, maybe stop the timer. A
-        # refill that falls on a tick comes first, so a quota covering every CPU never throttles.
-        while limited and clock.next_boundary <= t + _EPS:
-            if timer_active:
-                assert quota is not None
-                throttled_now = any(c.throttled for c in cpus)
-                stats.nr_periods += 1
-                stats.nr_throttled += int(throttled_now)
-                spent = snap - pool  # global runtime handed out in the period
-                if spent > quota + _EPS and burst > 0:
-                    stats.nr_bursts += 1
-                    stats.burst_us += spent - quota
-                pool = min(pool + quota, quota + burst)
-                snap = pool
-                for cpu in cpus:
-                    debt = max(0.0, -cpu.local)
-                    if cpu.throttled and pool > debt:
-                        pool -= debt
-                        cpu.local = 0.0
-                        cpu.throttled = False
-                if used_since_boundary <= _EPS and not throttled_now:
-                    timer_active = False
-            used_since_boundary = 0.0
-            clock.next_boundary += clock.period
-        while box is not None and box.next_boundary <= t + _EPS:
-            _refill_pod(box, cpus)
-        # Spent runtime stops a CPU's workers: at once, or at the next tick.
-        at_tick = clock.next_tick <= t + _EPS
-        while clock.next_tick <= t + _EPS:
-            clock.next_tick += clock.tick
-        if bounded and (at_tick or not at_ticks):
-            for index, cpu in enumerate(cpus):
-                if any(w.cpu == index and runnable(w, t) for w in workers):
-                    spend_check(cpu)
-        # Arrivals and wake-ups.
-        dispatch.arrive(t)
-        wake_check(t)
+            container = self.containers[worker.group]
+            container.dispatch.complete(worker, t, container.stats)
+            container.end = t
+        for group, container in enumerate(self.containers):
+            if container.bucket is not None:
+                for cpu in {w.cpu for w in finished if w.group == group}:
+                    if not self._goes_on(cpu, container.workers):
+                        container.bucket.give_back(cpu, self.keep_us)
+        if self.pod is not None:
+            for cpu in {w.cpu for w in finished}:
+                if not self._goes_on(cpu, self.workers):
+                    self.pod.give_back(cpu, self.keep_us)
 
-    figures_stat = CpuStatDelta(
-        nr_periods=stats.nr_periods,
-        nr_throttled=stats.nr_throttled,
-        throttled_us=round(stats.throttled_us),
-        nr_bursts=stats.nr_bursts,
-        burst_us=round(stats.burst_us),
-        usage_us=round(stats.usage_us),
-        wait_us=round(stats.wait_us),
-    )
-    return RunFigures(
-        limit=limit if limit is not None else {},
-        latency=Latency.of([v / 1000 for v in stats.latencies_us]),
-        wall_ms=end / 1000,
-        stat=figures_stat,
-        extra={
-            "period_phase_ms": phase / 1000,
-            "hz": machine.hz,
-            **(
-                {}
-                if box is None
-                else {
-                    "pod": pod_figures(box.nr_periods, box.nr_throttled, round(box.throttled_us)),
-                    "pod_period_phase_ms": machine.pod_phase_us % box.period / 1000,
-                }
-            ),
-        },
-    )
+    def _goes_on(self, cpu: int, workers: list[_Worker]) -> bool:
+        t = self.t
+        return any(w.cpu == cpu and _wanting(w, t) and not w.woke for w in workers) or any(
+            w.cpu == cpu and self.runnable(w, t) and w.ready_at < t - _EPS for w in workers
+        )
 
 
-def _refill_pod(box: _Pod, cpus: list[_Cpu]) -> None:
-    """The pod's period boundary: count, refill, pay debts and unthrottle, maybe stop the
-    timer (as the container's, on the pod's own grid)."""
-    if box.timer_active:
-        throttled_now = any(c.pod_throttled for c in cpus)
-        box.nr_periods += 1
-        box.nr_throttled += int(throttled_now)
-        box.pool = min(box.pool + box.quota, box.quota + box.burst)
-        for cpu in cpus:
-            debt = max(0.0, -cpu.pod_local)
-            if cpu.pod_throttled and box.pool > debt:
-                box.pool -= debt
-                cpu.pod_local = 0.0
-                cpu.pod_throttled = False
-        if box.used_since_boundary <= _EPS and not throttled_now:
-            box.timer_active = False
-    box.used_since_boundary = 0.0
-    box.next_boundary += box.period
+def _wanting(worker: _Worker, now: float) -> bool:
+    return worker.busy and worker.ready_at <= now + _EPS
+
+
+def _stalled(workers: list[_Worker], box: Bucket, now: float) -> int:
+    """CPUs whose run queue of ``box``'s cgroup is throttled with work waiting on it."""
+    return len({w.cpu for w in workers if _wanting(w, now) and box.throttled[w.cpu]})

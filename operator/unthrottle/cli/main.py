@@ -308,11 +308,6 @@ def simulate(
         accounting=Accounting.TICK if tick_accounting else Accounting.IMMEDIATE,
     )
     scenarios = _load_all(paths)
-    for scenario in scenarios:
-        if any(run.sidecar is not None for run in scenario.runs):
-            # the task model has one container per pod (docs/model.md, "The pod level")
-            raise fail(f"{scenario.name}: sidecar: the model simulates one container per pod; "
-                       "`lab run` measures a sidecar on the kernel", 2)  # fmt: skip
     rows = []
     for scenario in scenarios:
         workload = scenario.workload.to_workload()
@@ -323,6 +318,7 @@ def simulate(
                 dataclasses.replace(machine, other_threads=run.other_threads),
                 limit=run.as_given(),
                 pod=run.pod_bandwidth(),
+                sidecar=run.task_sidecar(),
             )
             for run in scenario.runs
         ]

@@ -38,6 +38,13 @@ the given number of cores. The rules (docs/model.md, "Agreement"):
   pod's own grid at the phase the lab calibrated, ``pod_period_phase_ms``; 0 where the
   pod's quota never ran out in the calibration). The pod's counters are reported beside
   them, not held to a rule (docs/model.md, "The pod level").
+- **A two-container pod** (``sidecar``): the model runs both containers under the pod's
+  quota, each container's grid and the pod's at the phases the lab calibrated, and the
+  sidecar's throttle ratio and latencies are held to the same rules as the run's own
+  (the default tolerances: a scenario's ``ratio_tolerance`` and ``latency_tolerance`` are
+  its run's; no no-limit run of the sidecar measures what the machine adds to it), its
+  band over the same wake-ups; a measurement agrees when both containers do. The pod's
+  counters are reported, not held.
 - **The kernel's own spread.** Each scenario is measured more than once; a run
   agrees when the model is within tolerance of at least one of the kernel's
   measurements of it. Two measurements of the same run differ by the kernel's
@@ -53,7 +60,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from unthrottle.cfs.figures import Latency, RunFigures
-from unthrottle.cfs.tasks import DEFAULT_HZ, Machine, simulate_tasks
+from unthrottle.cfs.tasks import DEFAULT_HZ, Machine, Sidecar, simulate_tasks
 from unthrottle.cfs.workload import Workload
 from unthrottle.model.scenario import RunSpec, Scenario
 
@@ -73,6 +80,7 @@ def machine_for(measured: RunFigures, cores: int, other_threads: int = 0) -> Mac
     """The simulated machine matching a lab run: cores, HZ, the phases it measured, and the
     other busy threads the run asked for."""
     extra = measured.extra
+    side = extra.get("sidecar") or {}
     return Machine(
         cores=cores,
         other_threads=other_threads,
@@ -80,8 +88,19 @@ def machine_for(measured: RunFigures, cores: int, other_threads: int = 0) -> Mac
         period_phase_us=round((extra.get("period_phase_ms") or 0) * 1000),
         tick_phase_us=round((extra.get("tick_phase_ms") or 0) * 1000),
         pod_phase_us=round((extra.get("pod_period_phase_ms") or 0) * 1000),
+        sidecar_phase_us=round((side.get("period_phase_ms") or 0) * 1000),
         wakeup_us=round((extra.get("wakeup_ms") or 0) * 1000),
     )
+
+
+def sidecar_for(spec: RunSpec, measured: RunFigures) -> Sidecar | None:
+    """The run's sidecar as the lab ran it, its workers' wake-up as it measured them (the
+    lab measures each container's); None without one."""
+    side = spec.task_sidecar()
+    wakeup_ms = (measured.extra.get("sidecar") or {}).get("wakeup_ms")
+    if side is None or not wakeup_ms:
+        return side
+    return dataclasses.replace(side, wakeup_us=round(wakeup_ms * 1000))
 
 
 def cfs_latency(measured: RunFigures) -> Latency:
@@ -127,6 +146,8 @@ class Comparison:
     """The no-limit run: its p95 is the machine's, measured and not held to the model."""
     latency_tolerance: float = LATENCY_TOLERANCE
     """Share of the measured p50 and p95 the model may be off by (beside the 3 ms floor)."""
+    sidecar: Comparison | None = None
+    """The run's sidecar (a two-container pod), measured beside the model: held too."""
 
     @property
     def excess(self) -> Excess:
@@ -136,8 +157,10 @@ class Comparison:
 
     @property
     def lost_ms(self) -> float:
-        """What the host took from the measured run's tasks, ms (taken out of its latency)."""
-        return float(self.measured.extra.get("lost_ms") or 0.0)
+        """What the host took from the measured run's tasks, ms (taken out of its latency),
+        and from its sidecar's."""
+        own = float(self.measured.extra.get("lost_ms") or 0.0)
+        return own + (self.sidecar.lost_ms if self.sidecar is not None else 0.0)
 
     @property
     def misses(self) -> list[str]:
@@ -161,6 +184,8 @@ class Comparison:
         ):
             out.append(f"p95 {latency.p95:.1f} vs {p.latency.p95:.1f} ms"
                        f" (machine +{self.machine.p95:.1f})")  # fmt: skip
+        if self.sidecar is not None:
+            out += [f"sidecar: {miss}" for miss in self.sidecar.misses]
         return out
 
     def verdict(self) -> str:
@@ -177,27 +202,45 @@ def compare(workload: Workload, spec: RunSpec, measured: RunFigures, cores: int)
     (a no-limit run becomes the reference); :func:`compare_repeat` adds the machine's
     excess to the limited runs."""
     machine_like = machine_for(measured, cores, spec.other_threads)
+    sidecar = sidecar_for(spec, measured)
     predicted = simulate_tasks(workload, spec.bandwidth(), machine_like, limit=spec.as_given(),
-                               pod=spec.pod_bandwidth())  # fmt: skip
+                               pod=spec.pod_bandwidth(), sidecar=sidecar)  # fmt: skip
     tolerance = spec.ratio_tolerance or RATIO_TOLERANCE
     latency = spec.latency_tolerance or LATENCY_TOLERANCE
-    low, high = ratio_band(workload, spec, machine_like)
+    bands = ratio_bands(workload, spec, machine_like, sidecar)
+    side = None
+    if sidecar is not None:
+        side_predicted = RunFigures.from_json(predicted.extra["sidecar"])
+        side = Comparison(RunFigures.from_json(measured.extra["sidecar"]), side_predicted,
+                          _with(bands[1], side_predicted))  # fmt: skip
+    return Comparison(measured, predicted, _with(bands[0], predicted), tolerance, Excess(),
+                      spec.cpus is None, latency, side)  # fmt: skip
+
+
+def _with(band: tuple[float, float], predicted: RunFigures) -> tuple[float, float]:
+    """A band widened to hold the prediction at the measured wake-up."""
     ratio = predicted.stat.throttle_ratio
-    band = min(low, ratio), max(high, ratio)
-    return Comparison(measured, predicted, band, tolerance, Excess(), spec.cpus is None, latency)
+    return min(band[0], ratio), max(band[1], ratio)
 
 
-def ratio_band(workload: Workload, spec: RunSpec, machine: Machine) -> tuple[float, float]:
+def ratio_bands(
+    workload: Workload, spec: RunSpec, machine: Machine, sidecar: Sidecar | None = None
+) -> list[tuple[float, float]]:
     """The model's lowest and highest throttle ratio for ``spec`` on ``machine`` as the
-    wake-up delay goes from 0 to ``WAKEUP_BAND_US`` (module docstring)."""
+    wake-up delay goes from 0 to ``WAKEUP_BAND_US`` (module docstring): the run's, then its
+    sidecar's (whose wake-up goes the same way), if it has one."""
     if spec.cpus is None:
-        return 0.0, 0.0
-    ratios = [
+        return [(0.0, 0.0)]
+    runs = [
         simulate_tasks(workload, spec.bandwidth(), dataclasses.replace(machine, wakeup_us=w),
-                       limit=spec.as_given(), pod=spec.pod_bandwidth()).stat.throttle_ratio
+                       limit=spec.as_given(), pod=spec.pod_bandwidth(),
+                       sidecar=dataclasses.replace(sidecar, wakeup_us=w) if sidecar else None)
         for w in range(0, WAKEUP_BAND_US + 1, WAKEUP_STEP_US)
     ]  # fmt: skip
-    return min(ratios), max(ratios)
+    ratios = [[r.stat.throttle_ratio for r in runs]]
+    if sidecar is not None:
+        ratios.append([RunFigures.from_json(r.extra["sidecar"]).stat.throttle_ratio for r in runs])
+    return [(min(r), max(r)) for r in ratios]
 
 
 def compare_repeat(scenario: Scenario, runs: Sequence[RunFigures], cores: int) -> list[Comparison]:
@@ -251,9 +294,6 @@ def agreement(
     """Every run of a scenario over the kernel's repeated measurements of it."""
     if not repeats:
         raise ValueError(f"{scenario.name}: no measurement to compare")
-    if any(spec.sidecar is not None for spec in scenario.runs):
-        raise ValueError(f"{scenario.name}: sidecar: the task model has one container per pod; "
-                         "a two-container run has no prediction to compare")  # fmt: skip
     per_repeat = [compare_repeat(scenario, runs, cores) for runs in repeats]
     return [
         RunAgreement(scenario.name, spec, tuple(r[i] for r in per_repeat))

@@ -329,10 +329,9 @@ def _measure(
     if side is not None and side_before is not None and side_after is not None:
         side_delta = _within_span(side_after - side_before, side.grid_ns, period_ns, side_end,
                                   read_at)  # fmt: skip
-        assert run.sidecar is not None
-        limit = run.sidecar.model_dump(exclude_unset=True, exclude={"workload"})
-        extra["sidecar"] = _figures(limit, side_tasks, side_delta, t0, side_end, side.grid_ns,
-                                    period_ns, side.wakeups, {}).to_json()  # fmt: skip
+        side_figures = _figures(run.sidecar_as_given(), side_tasks, side_delta, t0, side_end,
+                                side.grid_ns, period_ns, side.wakeups, {})  # fmt: skip
+        extra["sidecar"] = side_figures.to_json()
     if pod_before is not None and pod_after is not None:
         pod_end = max(end, side_end) if side is not None else end
         pod_delta = _within_span(pod_after - pod_before, pod_grid_ns, period_ns, pod_end, read_at)

@@ -28,6 +28,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from unthrottle.cfs.settings import MAX_PERIOD_US, MIN_PERIOD_US, MIN_QUOTA_US, Bandwidth
+from unthrottle.cfs.tasks import Sidecar
 from unthrottle.cfs.workload import Kind, Workload
 
 MAX_FILE_BYTES = 64 * 1024
@@ -241,6 +242,22 @@ class RunSpec(BaseModel):
         period_us = round(self.period_ms * 1000)
         quota_us = round(self.sidecar.cpus * period_us)
         return Bandwidth(quota_us, period_us, min(round(self.sidecar.burst_ms * 1000), quota_us))
+
+    def sidecar_as_given(self) -> dict[str, float]:
+        """The sidecar's settings as the file gave them, without its workload (its figures'
+        ``limit``); empty without one."""
+        if self.sidecar is None:
+            return {}
+        return self.sidecar.model_dump(exclude_unset=True, exclude={"workload"})
+
+    def task_sidecar(self) -> Sidecar | None:
+        """The sidecar as the task model takes it (``simulate_tasks(…, sidecar=)``); None
+        without one."""
+        bandwidth = self.sidecar_bandwidth()
+        if self.sidecar is None or bandwidth is None:
+            return None
+        workload = self.sidecar.workload.to_workload()
+        return Sidecar(workload, bandwidth, limit=self.sidecar_as_given())
 
     def pod_bandwidth(self) -> Bandwidth | None:
         """The pod cgroup's settings: the sum of its containers' quotas on the run's period
