@@ -1,6 +1,6 @@
 """The pod level's figures in the docs are the saved runs' (bench/results/pod-stall.json,
 bench/results/lab-vs-model-pod.json, bench/results/pod-sidecar.json,
-bench/results/lab-vs-model-sidecar-first.json), as
+bench/results/lab-vs-model-sidecar.json), as
 tests/test_docs_figures.py holds the others."""
 
 from __future__ import annotations
@@ -79,14 +79,14 @@ def test_the_pod_table_is_the_saved_runs() -> None:
 
 
 def test_the_two_container_table_is_the_saved_runs() -> None:
-    saved = results("lab-vs-model-sidecar-first.json")
+    saved = results("lab-vs-model-sidecar.json")
     table = lab_vs_model.table(lab_vs_model.agreements(saved))
     assert "sidecar, 0.2 CPU" in table
     assert " ".join(table.split()) in section(3)
 
 
 POD_RESULTS = ["pod-stall.json", "lab-vs-model-pod.json", "pod-sidecar.json",
-               "lab-vs-model-sidecar-first.json"]  # fmt: skip
+               "lab-vs-model-sidecar.json"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", POD_RESULTS)
