@@ -156,3 +156,22 @@ def test_the_docs_quote_the_figures_the_two_container_runs_hold(
     found = figure()
     quoted = text.format(*found) if isinstance(found, tuple) else text.format(found)
     assert quoted in prose(doc), f"{doc} should say: {quoted}"
+
+
+def sidecar_p50s(name: str) -> list[tuple[str, str]]:
+    """The throttled two-container run's sidecar p50 in each measurement of a results
+    file, the kernel's and the model's at its phases, ms."""
+    throttled = lab_vs_model.agreements(results(name))[0]
+    assert throttled.spec.cpus == 1
+    sides = [c.sidecar for c in throttled.comparisons if c.sidecar is not None]
+    return [(f"{s.measured.latency.p50:.1f}", f"{s.predicted.latency.p50:.1f}") for s in sides]
+
+
+def test_the_four_two_container_measurements_are_the_saved_runs() -> None:
+    """The prose's sidecar p50s, the two measurements the groups' weights were checked on
+    (``-first``) and the two after: kernel against model, each at its phases."""
+    pairs = sidecar_p50s("lab-vs-model-sidecar-first.json") + sidecar_p50s(
+        "lab-vs-model-sidecar.json"
+    )
+    kernel, model = (", ".join(x[:-1]) + f" and {x[-1]}" for x in zip(*pairs, strict=True))
+    assert f"{kernel} ms on the kernel against {model} in the model" in section(3)
