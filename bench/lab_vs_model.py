@@ -29,7 +29,11 @@ their table has a row for each container (the sidecar's held to the same rules) 
 ratio beside them:
 
     sudo .venv/bin/python bench/lab_vs_model.py --sidecar --repeats 2 --isolate --pin \
-        --save bench/results/lab-vs-model-sidecar.json
+        --pin-sidecar --save bench/results/lab-vs-model-sidecar.json
+
+``--pin-sidecar`` pins the sidecar's thread where the model places it (`lab run
+--pin-sidecar`); without it the scheduler places it, as a pod's, and moves it where the
+model does not (docs/benchmarks.md §3).
 """
 
 from __future__ import annotations
@@ -58,11 +62,14 @@ SETS = {
 """The scenarios each option measures, and the results file they are saved in."""
 
 
-def measure(repeats: int, isolate: bool, pin: bool, *, which: str = "seed") -> dict[str, Any]:
+def measure(
+    repeats: int, isolate: bool, pin: bool, *, which: str = "seed", pin_sidecar: bool = False
+) -> dict[str, Any]:
     """Run the lab ``repeats`` times over every scenario of a set (``SETS``: the seeds, the
     pod-quota ones, the two-container ones); the results file's content."""
     exe = Path(sys.executable).with_name("unthrottle")
     flags = [*(["--isolate"] if isolate else []), *(["--pin"] if pin else [])]
+    flags += ["--pin-sidecar"] if pin_sidecar else []
     paths, saved = SETS[which]
     cmd = [str(exe), "lab", "run", "--json", *flags, *map(str, paths)]
     measurements = []
@@ -159,6 +166,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2, help="measurements per scenario")
     parser.add_argument("--isolate", action="store_true", help="`lab run --isolate`")
     parser.add_argument("--pin", action="store_true", help="`lab run --pin`")
+    parser.add_argument("--pin-sidecar", action="store_true", help="`lab run --pin-sidecar`")
     parser.add_argument("--pod", action="store_true", help="the pod-quota scenarios instead")
     parser.add_argument("--sidecar", action="store_true",
                         help="the two-container pod scenarios instead")  # fmt: skip
@@ -167,7 +175,8 @@ def main() -> int:
     if args.source:
         results = json.loads(args.source.read_text())
     else:
-        results = measure(args.repeats, args.isolate, args.pin, which=which)
+        results = measure(args.repeats, args.isolate, args.pin, which=which,
+                          pin_sidecar=args.pin_sidecar)  # fmt: skip
         if args.save:
             args.save.write_text(json.dumps(results, indent=1) + "\n")
     for m in results["measurements"]:

@@ -100,6 +100,35 @@ class TestACpuSharedByBothContainers:
         assert side_figures(figures).latency.max == pytest.approx(22.5)
         assert figures.latency.max == pytest.approx(75.0)  # the batch lost the sidecar's 15 ms
 
+    def test_a_batch_worker_waiting_for_its_round_still_weighs_on_its_cpu(self) -> None:
+        """The kernel's group weights follow load averages, which lag: the batch's worker
+        that ends its task first and waits for the other still weighs on its CPU for a
+        while, so the sidecar keeps 2/3 of the CPU it shares with the other. A 60 ms task
+        beside the batch: 40 ms done by the time the first worker waits (60 ms), the rest
+        at 2/3, 90 ms (at 1/2 once the waiting worker weighed nothing, 100). Measured with
+        the sidecar pinned beside the batch's first worker: its tasks 23.2-24.0 ms at p95
+        against 27.9 when the weight moved at once (bench/results/lab-vs-model-sidecar.json)."""
+        long_task = Sidecar(Workload(Kind.SERIAL, 60_000, tasks=1), Bandwidth(200_000))
+        figures = simulate_tasks(BATCH, Bandwidth(None), Machine(cores=2), sidecar=long_task)
+        assert side_figures(figures).latency.max == pytest.approx(90.0)
+
+    def test_a_pinned_sidecar_stays_beside_the_batch_where_a_free_one_takes_an_idle_cpu(
+        self,
+    ) -> None:
+        """A sidecar's task that wakes while one CPU is idle runs there when its thread is
+        free to move, and beside the batch's worker it is pinned with when it is not
+        (``lab run --pin --pin-sidecar``): one round of the batch, the sidecar's second
+        task due at 72.5 ms, as the first worker's task has 2.5 ms left. Free, that worker
+        ends at 75 ms; beside the sidecar, at 1/3 of its CPU for a while, at 80."""
+        batch = Workload(Kind.BATCH, task_cpu_us=60_000, workers=2, tasks=1)
+        two_tasks = Workload(Kind.SERIAL, 15_000, tasks=2, think_us=50_000)
+        rounds = [
+            simulate_tasks(batch, Bandwidth(None), Machine(cores=2),
+                           sidecar=Sidecar(two_tasks, Bandwidth(200_000), pinned=pinned))
+            for pinned in (False, True)
+        ]  # fmt: skip
+        assert [r.latency.max for r in rounds] == [pytest.approx(75.0), pytest.approx(80.0)]
+
 
 class TestCountersReadAsTheLabReadsThem:
     def test_a_container_that_ends_first_counts_the_idle_period_after_its_end(self) -> None:

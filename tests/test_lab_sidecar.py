@@ -24,10 +24,14 @@ import pytest
 
 from conftest import KERNEL_LAYOUT, ROOT
 from helpers import worker_pids
+from test_lab_seeds import MORE_REPEATS, disturbed
 from test_lab_tune import MET, OVER, judged
+from unthrottle.cfs import RunFigures
 from unthrottle.cgroups import Layout
+from unthrottle.lab.agreement import agreement
 from unthrottle.lab.sampling import pod_share_us
 from unthrottle.metrics.evidence import share_pod_throttling
+from unthrottle.model.scenario import load_scenario
 
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
 POD_SIDECAR = ROOT / "scenarios" / "pod-sidecar-batch.yaml"
@@ -83,7 +87,7 @@ def measured() -> list[list[dict[str, Any]]]:
     before = leftovers()
     runs = []
     for _ in range(REPEATS):
-        line = lab("run", "--json", "--isolate", "--pin", str(POD_SIDECAR))
+        line = lab("run", "--json", "--isolate", "--pin", "--pin-sidecar", str(POD_SIDECAR))
         runs.append(json.loads(line)["runs"])
     assert leftovers() <= before, "a run's container, sidecar or pod cgroup was left behind"
     return runs
@@ -129,6 +133,36 @@ def test_the_pod_is_throttled_when_its_containers_want_more_than_the_sum(
     assert max(run["pod"]["throttled_ms"] for run in tight) > 0, "the pod's quota never ran out"
     for run in roomy:
         assert run["nr_throttled"] <= 1 and run["pod"]["nr_throttled"] <= 1, run
+
+
+@pytest.mark.kernel
+def test_the_model_agrees_with_the_two_container_pod_that_has_room(
+    measured: list[list[dict[str, Any]]],
+) -> None:
+    """The task model's two-container pod against the kernel's, by the rules of
+    test_lab_seeds, with the sidecar's thread pinned where the model places it (beside the
+    batch's first worker: --pin-sidecar): at 2 CPUs and 0.5, each container's ratio and
+    latencies, the sidecar's 15 ms tasks at 2/3 of the CPU it shares (p95 23.2-24.0 ms on
+    the kernel, 22.6 in the model). Measured again, at most MORE_REPEATS times, where the
+    host took REMEASURE_LOST_MS or more from every measurement of it. The throttled run
+    (1 CPU and 0.2) is printed, not held: its sidecar's p50 read 29.1-51.2 ms over four
+    pinned measurements, and the model agreed with two of them (docs/benchmarks.md §3)."""
+    assert KERNEL_LAYOUT is not None
+    scenario = load_scenario(POD_SIDECAR)
+    repeats = [[RunFigures.from_json(run) for run in runs] for runs in measured]
+    found = agreement(scenario, repeats, cores=2)
+    for _ in range(MORE_REPEATS):
+        if not disturbed(found[1]):
+            break
+        print("measured again, the host took from every measurement of the run")
+        line = lab("run", "--json", "--isolate", "--pin", "--pin-sidecar", str(POD_SIDECAR))
+        repeats.append([RunFigures.from_json(run) for run in json.loads(line)["runs"]])
+        found = agreement(scenario, repeats, cores=2)
+    tight, roomy = found
+    assert tight.spec.cpus == 1 and roomy.spec.cpus == 2
+    print(f"the throttled run: {tight.describe()}")
+    assert all(c.sidecar is not None for c in roomy.comparisons)
+    assert roomy.agrees, roomy.describe()
 
 
 @pytest.mark.kernel

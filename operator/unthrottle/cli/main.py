@@ -88,6 +88,14 @@ PinFlag = Annotated[
         "the figures.",
     ),
 ]
+PinSidecarFlag = Annotated[
+    bool,
+    typer.Option(
+        "--pin-sidecar",
+        help="With --pin: a sidecar's workers too, each on the CPU the model places it on "
+        "(beside the run's workers in turn); otherwise the scheduler places them, as a pod's.",
+    ),
+]
 MAX_PHASE_MS = 1000.0
 """Phases and wake-up delays, ms: a CFS period is at most 1 s, and so is any sane delay."""
 PhaseMs = Annotated[
@@ -164,9 +172,11 @@ def lab_run(
     phase_ms: PhaseMs = 0.0,
     isolate: IsolateFlag = False,
     pin: PinFlag = False,
+    pin_sidecar: PinSidecarFlag = False,
 ) -> None:
     """Run each scenario's runs in fresh cgroups on this kernel and measure them."""
-    options = LabOptions(phase_us=_phase_us(phase_ms, "--phase-ms"), isolate=isolate, pin=pin)
+    options = LabOptions(phase_us=_phase_us(phase_ms, "--phase-ms"), isolate=isolate, pin=pin,
+                         pin_sidecar=pin_sidecar)  # fmt: skip
     scenarios = _load_all(paths)
     rows: list[tuple[Scenario, list[RunFigures]]] = []
     with _lab_session("lab run") as layout:

@@ -97,10 +97,12 @@ def sidecar_for(spec: RunSpec, measured: RunFigures) -> Sidecar | None:
     """The run's sidecar as the lab ran it, its workers' wake-up as it measured them (the
     lab measures each container's); None without one."""
     side = spec.task_sidecar()
-    wakeup_ms = (measured.extra.get("sidecar") or {}).get("wakeup_ms")
-    if side is None or not wakeup_ms:
+    figures = measured.extra.get("sidecar") or {}
+    if side is None:
         return side
-    return dataclasses.replace(side, wakeup_us=round(wakeup_ms * 1000))
+    side = dataclasses.replace(side, pinned=bool(figures.get("pinned")))
+    wakeup_ms = figures.get("wakeup_ms")
+    return dataclasses.replace(side, wakeup_us=round(wakeup_ms * 1000)) if wakeup_ms else side
 
 
 def cfs_latency(measured: RunFigures) -> Latency:

@@ -125,6 +125,17 @@ def pin_apart(pids: list[int]) -> bool:
     return True
 
 
+def pin_beside(pids: list[int], pinned: list[int]) -> bool:
+    """Pin each of ``pids`` (a sidecar's workers) on the CPU the task model places it on,
+    after ``pinned`` (the run's workers, pinned apart by :func:`pin_apart`): thread
+    ``len(pinned) + i`` of the pod on CPU ``(len(pinned) + i) % cpus`` of the model's, where
+    ``cpus`` is the most the pod's threads can use. True when done."""
+    cpus = sorted(os.sched_getaffinity(0), reverse=True)[: len(pinned) + len(pids)]
+    for i, pid in enumerate(pids):
+        os.sched_setaffinity(pid, {cpus[(len(pinned) + i) % len(cpus)]})
+    return bool(pids)
+
+
 def kill_and_reap(procs: list[subprocess.Popen[bytes]]) -> None:
     """SIGKILL every process still running, by PID, then wait for each."""
     for proc in procs:

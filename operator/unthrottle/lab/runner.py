@@ -63,7 +63,7 @@ from unthrottle.cgroups.waits import WaitReader
 from unthrottle.lab.drivers import DRIVERS, Timed
 from unthrottle.lab.isolation import Isolation
 from unthrottle.lab.kernel import kernel_hz
-from unthrottle.lab.processes import LabError, OtherThreads, Workers, pin_apart
+from unthrottle.lab.processes import LabError, OtherThreads, Workers, pin_apart, pin_beside
 from unthrottle.lab.sampling import PeriodSampler, PeriodSamples, grant_of
 from unthrottle.model.scenario import RunSpec, Scenario
 
@@ -104,6 +104,10 @@ class LabOptions:
     more and no more than CPUs, as the model places them: left to the scheduler, two workers woken
     together now and then shared one CPU for a whole task while the other ran only
     idle-priority work, and a batch round took twice as long (docs/benchmarks.md §3)."""
+    pin_sidecar: bool = False
+    """With ``pin`` (and the run's workers pinned): a sidecar's workers too, each on the
+    CPU the model places it on, beside the run's workers in turn
+    (``processes.pin_beside``); otherwise the scheduler places them, as a pod's."""
 
 
 def run_scenario(
@@ -254,6 +258,9 @@ def _measure(
             cgroup.create()
         try:
             pinned = pin_apart(workers.pids) if options.pin else False
+            side_pinned = False
+            if side is not None and pinned and options.pin_sidecar:
+                side_pinned = pin_beside(side.workers.pids, workers.pids)
             for pid in workers.pids:
                 cgroup.add_process(pid)
             if pod is not None and pod_bandwidth is not None:
@@ -331,7 +338,7 @@ def _measure(
                                   read_at)  # fmt: skip
         side_figures = _figures(run.sidecar_as_given(), side_tasks, side_delta, t0, side_end,
                                 side.grid_ns, period_ns, side.wakeups, {})  # fmt: skip
-        extra["sidecar"] = side_figures.to_json()
+        extra["sidecar"] = side_figures.to_json() | {"pinned": side_pinned}
     if pod_before is not None and pod_after is not None:
         pod_end = max(end, side_end) if side is not None else end
         pod_delta = _within_span(pod_after - pod_before, pod_grid_ns, period_ns, pod_end, read_at)
