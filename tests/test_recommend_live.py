@@ -89,6 +89,7 @@ def test_recommend_reads_what_the_agent_sampled_and_sizes_the_demand(
             f"    static_configs: [{{targets: ['127.0.0.1:{port}']}}]\n"
         )
         with PrometheusServer(tmp_path, scrape=scrape) as prom:
+            prom.until_scraped("agent")  # its first scrape comes 5-6 s after it is ready
             # The machine's other processes at idle priority (the agent and Prometheus,
             # this test's, keep theirs): the thread gets a core whatever else runs.
             with Isolation(workload.layout) as isolation:
