@@ -131,15 +131,10 @@ def refills_of(run: dict[str, Any]) -> Refills:
 
 def demand_as_read(run: dict[str, Any]) -> np.ndarray:
     """Each window as one period, as the sampler took it before (no scaling under 1.5
-    periods), through the product's demand as it was then: usage + the larger of
-    throttled time and wait, the wait up to what the threads can wait in a period, and
-    never below usage + throttled time (the demand is now capped at the threads' time
-    too, which would hide what reading late did)."""
+    periods), through the product's demand (usage + the larger of throttled time and
+    wait, the wait up to what the threads can wait in a period)."""
     d = np.diff(np.asarray(run["readings"], dtype=np.int64)[:, 1:4], axis=0)
-    usage, throttled, wait = d[:, 0], d[:, 1], d[:, 2]
-    most = run["threads"] * (run["period_ns"] // 1000)
-    wanted = np.minimum(usage + np.maximum(throttled, wait), most)
-    return np.maximum(usage + throttled, wanted)
+    return demand_of(run, d[:, 0], d[:, 1], d[:, 2])
 
 
 def demand_attributed(run: dict[str, Any]) -> np.ndarray:

@@ -34,12 +34,23 @@ class View(StrEnum):
     """The agent's histogram alone: an agent without the backlog series."""
 
 
-def as_read(evidence: PeriodEvidence, view: View) -> PeriodEvidence:
-    """The lab's in-order evidence as ``view`` sees it (the same ratio and waits)."""
+def as_read(evidence: PeriodEvidence, view: View, *, threads: int = 0) -> PeriodEvidence:
+    """The lab's in-order evidence as ``view`` sees it (the same ratio and waits).
+
+    ``threads``: the most the run's cgroup had (0: not known). The agent divides each window
+    by its own length, so its threads' time never reads more than their number of cores;
+    the lab's periods, attributed by refills, can: a period runs on the runtime its CPUs
+    kept from the one before, and two threads throttled at one CPU read 200.4-204.9 ms in
+    1-5 of 108 periods of tune-batch-runs. The histogram takes a window at its bucket's
+    upper bound, so those went in at 2.5 cores, and the tune in the operator's view once
+    answered 2,200m with a 45 ms burst that the two threads have no use for. Windows are
+    read at no more than ``threads`` cores, as the agent reads them."""
     if view is View.SEQUENCE:
         return evidence
     period = evidence.period_us
     cores = evidence.demand_us / period
+    if threads:
+        cores = np.minimum(cores, threads)
     # the agent's buckets take a window at its upper bound (bisect_left): le is inclusive
     bounds = [*BUCKETS_CORES, math.inf]
     cumulative = [float(np.count_nonzero(cores <= b)) for b in bounds]

@@ -85,18 +85,15 @@ class PeriodSamples:
         The kernel adds a thread's wait when the thread next runs, so a long wait lands
         in the window after the one it was spent in: beside two busy threads, one thread's
         windows read up to 139 ms of demand per 100 ms. No window can want more than its
-        threads × its length, so the demand counts up to that. Usage + throttled time goes
-        over it by the kernel's slack alone: a period runs on the runtime its CPUs kept
-        from the one before (up to a 5 ms slice each, :func:`grant_of`), so two threads
-        throttled at one CPU read 200.4–204.9 ms of it in 1–5 of 108 windows. The
-        histogram takes a window at its bucket's upper bound, and those windows, read at
-        2.5 cores, asked for a 45 ms burst that two threads have no use for."""
+        threads × its length, so the wait counts up to that (never below usage +
+        throttled time)."""
         stalled = self.stalled_us
-        wanted = self.usage_us + stalled
-        if self.wait_us is not None:
-            wanted = self.usage_us + np.maximum(stalled, self.wait_us)
+        base = self.usage_us + stalled
+        if self.wait_us is None:
+            return base
+        wanted = self.usage_us + np.maximum(stalled, self.wait_us)
         if self.threads:
-            wanted = np.minimum(wanted, self.threads * self.period_us)
+            wanted = np.maximum(base, np.minimum(wanted, self.threads * self.period_us))
         demand: npt.NDArray[np.int64] = wanted
         return demand
 

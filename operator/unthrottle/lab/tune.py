@@ -220,7 +220,7 @@ def tune(
     say(f"measuring today's settings ({first.label()}), sampling every period")
     before, samples = run_sampled(workload, first, layout, options)
     current = current_of(first)
-    evidence = as_read(evidence_of(samples, throttle_ratio(before)), view)
+    evidence = as_read(evidence_of(samples, throttle_ratio(before)), view, threads=samples.threads)
     others = first.other_threads
     pod = first.pod_quota
     rec = recommend(evidence, current, policy)
@@ -232,7 +232,9 @@ def tune(
     refined = None
     censored = throttle_ratio(before) > policy.target_ratio
     if censored and throttle_ratio(after) <= policy.target_ratio:
-        evidence = as_read(evidence_of(after_samples, throttle_ratio(after)), view)
+        evidence = as_read(
+            evidence_of(after_samples, throttle_ratio(after)), view, threads=after_samples.threads
+        )
         now = Current(rec.limit_millicores, period_us=current.period_us, burst_us=rec.burst_us)
         second = recommend(evidence, now, policy)
         changed = (second.limit_millicores, second.burst_us) != (rec.limit_millicores, rec.burst_us)
@@ -285,8 +287,14 @@ def _recommend_both(
 ) -> tuple[Recommendation, Recommendation]:
     """Each container's recommendation from its own evidence (its share of the pod's
     throttled time in it), its ratio as the target holds it."""
-    own = recommend(as_read(evidence_of(samples[0], throttle_ratio(before)), view), now[0], policy)
-    side_evidence = as_read(evidence_of(samples[1], sidecar_ratio(before)), view)
+    own = recommend(
+        as_read(evidence_of(samples[0], throttle_ratio(before)), view, threads=samples[0].threads),
+        now[0],
+        policy,
+    )
+    side_evidence = as_read(
+        evidence_of(samples[1], sidecar_ratio(before)), view, threads=samples[1].threads
+    )
     side = recommend(side_evidence, now[1], policy)
     if own.limit_millicores is None or side.limit_millicores is None:
         raise ValueError("the recommendation keeps no limit; there is nothing to re-run")
