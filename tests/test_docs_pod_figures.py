@@ -86,7 +86,7 @@ def test_the_two_container_table_is_the_saved_runs() -> None:
 
 
 POD_RESULTS = ["pod-stall.json", "lab-vs-model-pod.json", "pod-sidecar.json",
-               "lab-vs-model-sidecar.json"]  # fmt: skip
+               "lab-vs-model-sidecar.json", "lab-vs-model-sidecar-pinned-more.json"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", POD_RESULTS)
@@ -175,6 +175,20 @@ def test_the_four_unpinned_two_container_measurements_are_the_saved_runs() -> No
     )
     kernel, model = (", ".join(x[:-1]) + f" and {x[-1]}" for x in zip(*pairs, strict=True))
     assert f"{kernel} ms on the kernel against {model} in the model" in section(3)
+
+
+def test_the_eight_pinned_two_container_measurements_are_the_saved_runs() -> None:
+    """The prose's sidecar p50s with the sidecar pinned, kernel against model, each at its
+    phases, and how many of them agreed."""
+    names = ["lab-vs-model-sidecar-pinned-first.json", "lab-vs-model-sidecar.json",
+             "lab-vs-model-sidecar-pinned-more.json"]  # fmt: skip
+    pairs = [pair for name in names for pair in sidecar_p50s(name)]
+    kernel, model = (", ".join(x[:-1]) + f" and {x[-1]}" for x in zip(*pairs, strict=True))
+    assert f"{kernel} ms on the kernel against {model} in the model" in section(3)
+    throttled = [lab_vs_model.agreements(results(name))[0] for name in names]
+    sides = [c.sidecar for a in throttled for c in a.comparisons if c.sidecar is not None]
+    agreed = sum(not s.misses for s in sides)
+    assert f"the sidecar agreed in {agreed}, and" in section(3)
 
 
 def test_the_first_pinned_measurement_agreed_in_both_runs() -> None:
