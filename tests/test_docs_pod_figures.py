@@ -86,7 +86,8 @@ def test_the_two_container_table_is_the_saved_runs() -> None:
 
 
 POD_RESULTS = ["pod-stall.json", "lab-vs-model-pod.json", "pod-sidecar.json",
-               "lab-vs-model-sidecar.json", "lab-vs-model-sidecar-pinned-more.json"]  # fmt: skip
+               "lab-vs-model-sidecar.json", "lab-vs-model-sidecar-pinned-more.json",
+               "sched-trace-sidecar.json"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", POD_RESULTS)
@@ -195,3 +196,16 @@ def test_the_first_pinned_measurement_agreed_in_both_runs() -> None:
     found = lab_vs_model.agreements(results("lab-vs-model-sidecar-pinned-first.json"))
     assert [a.agrees for a in found] == [True, True]
     assert "`bench/results/lab-vs-model-sidecar-pinned-first.json`" in section(3)
+
+
+def test_the_traced_turns_are_the_saved_ones() -> None:
+    """The sidecar's share of the turns it took with the batch's thread, with room and
+    throttled, and how many traced measurements agreed, as bench/sched_trace.py saved them."""
+    saved = results("sched-trace-sidecar.json")
+    throttled, room = ([m["turns"][i]["sidecar_share"] for m in saved["measurements"]]
+                       for i in (0, 1))  # fmt: skip
+    assert f"With room the sidecar ran {min(room):.3f}–{max(room):.3f} of those turns" in section(3)
+    assert f"in the throttled pod {min(throttled):.3f}–{max(throttled):.3f} (" in section(3)
+    found = lab_vs_model.agreements(saved)[0]
+    agreed = sum(not c.misses for c in found.comparisons)
+    assert f"throttled run agreed in {agreed} of these {len(found.comparisons)}" in section(3)
