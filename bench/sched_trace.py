@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import itertools
 import json
 import os
 import re
@@ -94,31 +93,51 @@ def last_sleep(events: list[Switch], pid: int) -> float:
     return max(e.t for e in events if e.prev == pid and e.prev_state.startswith("S"))
 
 
-def turns(events: list[Switch], side: int, others: set[int], start: float,
-          end: float) -> tuple[float, float]:  # fmt: skip
-    """Seconds ``side`` and ``others`` ran while taking turns on a CPU between ``start`` and
-    ``end``: an interval counts where one was switched in as the other was switched out
-    runnable, and left the CPU runnable to that other again (a preemption both ways)."""
-    per_cpu: dict[int, list[Switch]] = defaultdict(list)
-    for e in events:
-        if start <= e.t <= end:
-            per_cpu[e.cpu].append(e)
+@dataclass(frozen=True, slots=True)
+class Turns:
+    """Seconds the sidecar's thread and the batch's ran while taking turns on a CPU, and
+    the part of each while another of the batch's threads ran on another CPU (the batch's
+    load spread over two CPUs: its group's weight is then half on each, and the model gives
+    the sidecar 2/3 of the CPU they share)."""
+
+    sidecar: float = 0.0
+    batch: float = 0.0
+    sidecar_beside: float = 0.0
+    batch_beside: float = 0.0
+
+
+def turns(events: list[Switch], side: int, others: set[int], start: float, end: float) -> Turns:
+    """:class:`Turns` between ``start`` and ``end``: an interval counts where one was
+    switched in as the other was switched out runnable, and left the CPU runnable to that
+    other again (a preemption both ways). ``events`` in time order, as the trace has them."""
     mine = others | {side}
-    ran = {True: 0.0, False: 0.0}
-    for evs in per_cpu.values():
-        for a, b in itertools.pairwise(evs):
-            handed_back = a.next == b.prev and b.next == a.prev and a.prev != a.next
+    ran = defaultdict(float)
+    current: dict[int, int] = {}
+    opened: dict[int, tuple[Switch, bool]] = {}
+    for e in events:
+        a, beside = opened.get(e.cpu, (e, False))
+        if start <= a.t and e.t <= end:
+            handed_back = a.next == e.prev and e.next == a.prev and a.prev != a.next
             ours = {a.prev, a.next} <= mine and side in (a.prev, a.next)
-            runnable = a.prev_state.startswith("R") and b.prev_state.startswith("R")
-            took_turns = handed_back and ours and runnable
-            if took_turns:
-                ran[a.next == side] += b.t - a.t
-    return ran[True], ran[False]
+            runnable = a.prev_state.startswith("R") and e.prev_state.startswith("R")
+            if handed_back and ours and runnable:
+                who = "sidecar" if a.next == side else "batch"
+                ran[who] += e.t - a.t
+                ran[who + "_beside"] += (e.t - a.t) if beside else 0.0
+        current[e.cpu] = e.next
+        beside = any(pid in others and cpu != e.cpu for cpu, pid in current.items())
+        opened[e.cpu] = (e, beside)
+    return Turns(**ran)
+
+
+def _share(mine: float, theirs: float) -> float | None:
+    return round(mine / (mine + theirs), 3) if mine + theirs else None
 
 
 def shares(lines: list[str], runs: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
-    """Per lab run (in order): the sidecar's and the batch's ms while taking turns, and
-    the sidecar's share of them; None for a run without a sidecar."""
+    """Per lab run (in order): the sidecar's and the batch's ms while taking turns, the
+    sidecar's share of them, and its share while another of the batch's threads ran on
+    another CPU; None for a run without a sidecar."""
     events, found = switches(lines), pods(lines)
     out: list[dict[str, Any] | None] = []
     for i, run in enumerate(runs):
@@ -129,9 +148,14 @@ def shares(lines: list[str], runs: list[dict[str, Any]]) -> list[dict[str, Any] 
         side = roles["sidecar"][0]
         end = last_sleep(events, side)
         start = end - run["sidecar"]["wall_ms"] / 1000
-        s, b = turns(events, side, set(roles.get("container", [])), start, end)
-        out.append({"sidecar_ms": round(s * 1000, 1), "batch_ms": round(b * 1000, 1),
-                    "sidecar_share": round(s / (s + b), 3) if s + b else None})  # fmt: skip
+        t = turns(events, side, set(roles.get("container", [])), start, end)
+        out.append({
+            "sidecar_ms": round(t.sidecar * 1000, 1),
+            "batch_ms": round(t.batch * 1000, 1),
+            "sidecar_share": _share(t.sidecar, t.batch),
+            "beside_ms": round((t.sidecar_beside + t.batch_beside) * 1000, 1),
+            "sidecar_share_beside": _share(t.sidecar_beside, t.batch_beside),
+        })  # fmt: skip
     return out
 
 
@@ -196,10 +220,10 @@ def report(results: dict[str, Any]) -> str:
             turn = m["turns"][index]
             if turn is None or c.sidecar is None:
                 continue
-            share = turn["sidecar_share"]
             lines.append(
                 f"{a.spec.label()}: turns {turn['sidecar_ms']:.1f} / {turn['batch_ms']:.1f} ms, "
-                f"sidecar share {share if share is not None else '-'}; sidecar p50 "
+                f"sidecar share {turn['sidecar_share']}, {turn['sidecar_share_beside']} "
+                f"while the batch's other thread ran ({turn['beside_ms']:.1f} ms); sidecar p50 "
                 f"{c.sidecar.measured.latency.p50:.1f} vs {c.sidecar.predicted.latency.p50:.1f} "
                 f"ms; {'agrees' if not c.misses else 'no: ' + '; '.join(c.misses)}"
             )

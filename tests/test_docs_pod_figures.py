@@ -206,6 +206,8 @@ def test_the_traced_turns_are_the_saved_ones() -> None:
                        for i in (0, 1))  # fmt: skip
     assert f"With room the sidecar ran {min(room):.3f}–{max(room):.3f} of those turns" in section(3)
     assert f"in the throttled pod {min(throttled):.3f}–{max(throttled):.3f} (" in section(3)
+    beside = [m["turns"][0]["sidecar_share_beside"] for m in saved["measurements"]]
+    assert f"on the other CPU ({min(beside):.3f}–{max(beside):.3f})" in section(3)
     found = lab_vs_model.agreements(saved)[0]
     agreed = sum(not c.misses for c in found.comparisons)
     assert f"throttled run agreed in {agreed} of these {len(found.comparisons)}" in section(3)

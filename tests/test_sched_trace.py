@@ -35,19 +35,28 @@ def test_the_threads_are_told_apart_by_their_cgroups() -> None:
 
 
 def test_only_preemptions_both_ways_count_as_turns() -> None:
-    lines = trace(STEPS)
-    side, batch = sched_trace.turns(sched_trace.switches(lines), 13, {11, 12}, 10.0, 12.0)
-    assert round(side * 1000, 3) == 16.0  # 11.004-11.012 and 11.016-11.024
-    assert round(batch * 1000, 3) == 4.0  # 11.012-11.016; the last 4 ms ended in idle
+    found = sched_trace.turns(sched_trace.switches(trace(STEPS)), 13, {11, 12}, 10.0, 12.0)
+    assert round(found.sidecar * 1000, 3) == 16.0  # 11.004-11.012 and 11.016-11.024
+    assert round(found.batch * 1000, 3) == 4.0  # 11.012-11.016; the last 4 ms ended in idle
+    assert found.sidecar_beside == found.batch_beside == 0.0  # no batch thread elsewhere
+
+
+def test_turns_beside_the_batchs_other_thread_running_elsewhere_are_told_apart() -> None:
+    # batch thread 12 runs on CPU 0 from 11.010: the turns after it count as beside it
+    elsewhere = SWITCH.format(t=11.010, prev=0, state="R", next=12).replace("[001]", "[000]")
+    lines = [*trace(STEPS[:2]), elsewhere, *trace(STEPS[2:])[3:]]
+    found = sched_trace.turns(sched_trace.switches(lines), 13, {11, 12}, 10.0, 12.0)
+    assert round(found.sidecar_beside * 1000, 3) == 8.0  # 11.016-11.024
+    assert round(found.batch_beside * 1000, 3) == 4.0  # 11.012-11.016
 
 
 def test_a_runs_span_ends_at_the_sidecars_last_sleep_and_lasts_its_wall_time() -> None:
     runs = [{"sidecar": {"wall_ms": 30.0}}]  # from 11.020: no whole turn in it
-    assert sched_trace.shares(trace(STEPS), runs) == [
-        {"sidecar_ms": 0.0, "batch_ms": 0.0, "sidecar_share": None}
-    ]
+    assert sched_trace.shares(trace(STEPS), runs)[0] == {
+        "sidecar_ms": 0.0, "batch_ms": 0.0, "sidecar_share": None, "beside_ms": 0.0,
+        "sidecar_share_beside": None,
+    }  # fmt: skip
     runs = [{"sidecar": {"wall_ms": 50.0}}, {"limit": {}}]  # from 11.000
-    assert sched_trace.shares(trace(STEPS), runs) == [
-        {"sidecar_ms": 16.0, "batch_ms": 4.0, "sidecar_share": 0.8},
-        None,
-    ]
+    first, second = sched_trace.shares(trace(STEPS), runs)
+    assert first is not None and (first["sidecar_ms"], first["batch_ms"]) == (16.0, 4.0)
+    assert first["sidecar_share"] == 0.8 and second is None
