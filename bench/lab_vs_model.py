@@ -4,6 +4,10 @@
         --save bench/results/lab-vs-model.json       # measures (root), then compares
     .venv/bin/python bench/lab_vs_model.py --from bench/results/lab-vs-model.json
 
+``--from`` may be given more than once, for measurements of one set saved on different
+days: they are pooled, each run held over all of them (the rule is "at least one of the
+kernel's measurements", and the verdict says in how many it agreed).
+
 Each scenario in scenarios/seed-*.yaml is measured ``--repeats`` times by
 ``unthrottle lab run --json`` (``--isolate``: the machine's other processes at
 idle priority meanwhile; ``--pin``: each worker on a CPU of its own where there
@@ -92,6 +96,25 @@ def measure(
     }
 
 
+def pooled(saved: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several results files of one set (``SETS``), measured on the same number of cores, as
+    one: their measurements in the order given, and every file's command."""
+    sets = {next((w for w in SETS if r.get(w)), "seed") for r in saved}
+    cores = {int(r["cores"]) for r in saved}
+    if len(sets) != 1 or len(cores) != 1:
+        raise ValueError("--from: results of one set, measured on as many cores, pool")
+    if len(saved) == 1:
+        return saved[0]
+    which = sets.pop()
+    return {
+        "commands": [r["command"] for r in saved],
+        "measured": ", ".join(sorted({str(r["measured"]) for r in saved})),
+        "cores": cores.pop(),
+        "measurements": [m for r in saved for m in r["measurements"]],
+        **({which: True} if which != "seed" else {}),
+    }
+
+
 def agreements(results: dict[str, Any]) -> list[RunAgreement]:
     """Every run of every scenario in a results file, against the model."""
     out = []
@@ -131,6 +154,8 @@ def table(found: list[RunAgreement]) -> str:
         ms, ps = [c.measured for c in a.comparisons], [c.predicted for c in a.comparisons]
         verdict = "yes" if a.agrees else "**no**: " + "; ".join(
             m for c in a.comparisons for m in c.misses)  # fmt: skip
+        if a.agrees and len(a.comparisons) > 1:
+            verdict += f", in {a.agreeing} of {len(a.comparisons)}"
         if a.spec.cpus is None:
             verdict += " (p95: the machine's reference)"
         widened = [f"ratio ±{a.spec.ratio_tolerance:g}"] if a.spec.ratio_tolerance else []
@@ -161,7 +186,8 @@ def _cells(comparisons: tuple[Comparison, ...]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--from", dest="source", type=Path, help="a saved results file")
+    parser.add_argument("--from", dest="sources", type=Path, action="append",
+                        help="a saved results file (again: pooled with the others)")  # fmt: skip
     parser.add_argument("--save", type=Path, help="write the results file here")
     parser.add_argument("--repeats", type=int, default=2, help="measurements per scenario")
     parser.add_argument("--isolate", action="store_true", help="`lab run --isolate`")
@@ -172,8 +198,8 @@ def main() -> int:
                         help="the two-container pod scenarios instead")  # fmt: skip
     args = parser.parse_args()
     which = "pod" if args.pod else "sidecar" if args.sidecar else "seed"
-    if args.source:
-        results = json.loads(args.source.read_text())
+    if args.sources:
+        results = pooled([json.loads(path.read_text()) for path in args.sources])
     else:
         results = measure(args.repeats, args.isolate, args.pin, which=which,
                           pin_sidecar=args.pin_sidecar)  # fmt: skip

@@ -78,16 +78,9 @@ def test_the_pod_table_is_the_saved_runs() -> None:
     assert " ".join(table.split()) in section(3)
 
 
-def test_the_two_container_table_is_the_saved_runs() -> None:
-    saved = results("lab-vs-model-sidecar.json")
-    table = lab_vs_model.table(lab_vs_model.agreements(saved))
-    assert "sidecar, 0.2 CPU" in table
-    assert " ".join(table.split()) in section(3)
-
-
 POD_RESULTS = ["pod-stall.json", "lab-vs-model-pod.json", "pod-sidecar.json",
                "lab-vs-model-sidecar.json", "lab-vs-model-sidecar-pinned-more.json",
-               "sched-trace-sidecar.json"]  # fmt: skip
+               "sched-trace-sidecar.json", "sidecar-phases.json"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", POD_RESULTS)

@@ -50,7 +50,8 @@ the given number of cores. The rules (docs/model.md, "Agreement"):
   measurements of it. Two measurements of the same run differ by the kernel's
   run-to-run spread (a batch round whose two threads shared a core for once:
   p95 116 ms against 64 ms in the same settings), and the model predicts the
-  typical run, not the spread. The spread is reported beside each verdict.
+  typical run, not the spread. The spread is reported beside each verdict, and in
+  how many measurements the model agreed (``RunAgreement.agreeing``).
 """
 
 from __future__ import annotations
@@ -268,7 +269,12 @@ class RunAgreement:
     @property
     def agrees(self) -> bool:
         """Within tolerance of at least one of the kernel's measurements."""
-        return any(not c.misses for c in self.comparisons)
+        return self.agreeing > 0
+
+    @property
+    def agreeing(self) -> int:
+        """In how many of the kernel's measurements the model was within tolerance."""
+        return sum(not c.misses for c in self.comparisons)
 
     @property
     def ratio_spread(self) -> float:
