@@ -120,3 +120,11 @@ def test_the_readme_and_the_model_doc_quote_the_pool_and_the_sweep() -> None:
     assert f"the run with room agrees in {room.agreeing} (" in model
     assert f"agrees by the rules below, in {throttled.agreeing} of the 13" in model
     assert f"within 2 ms of the measured phases it agrees in {near} of the 13" in model
+
+
+def test_the_docs_say_when_and_beside_what_the_pool_was_measured() -> None:
+    pool = pinned()
+    load = [m["other_load_cores"] for m in pool["measurements"]]
+    said = (f"Measured {len(load)} times with both pinned, all on {pool['measured']},"
+            f" {min(load):.2f}–{max(load):.2f} cores of other load")  # fmt: skip
+    assert said in " ".join(section(3).split())

@@ -37,7 +37,7 @@ def stalled_us(
     The kernel books a throttle in the cgroup whose quota ran out: the pod's stalls are in
     the pod's ``throttled_time``, not in the container's. Measured on the demo's batch
     (bench/results/pod-stall.json, docs/model.md "The pod level"): the two added up to
-    0.52–1.27× the throttled time of the same container alone, and the threads' wait to
+    0.52–1.15× the throttled time of the same container alone, and the threads' wait to
     0.86–2.68× the sum. Where both quotas run out together (equal quotas, grids 7 ms apart)
     both cgroups book the same stall, and the sum passed the wait by up to 16 %; the wait,
     which counts a stalled thread once, caps it. The container's own throttled time alone
