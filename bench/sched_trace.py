@@ -9,8 +9,11 @@ times with the kernel's scheduler events on (tracefs: ``sched_switch``, ``sched_
 ``sched_migrate_task``, ``cgroup_attach_task``, on the ``mono`` clock), and reads from the
 trace what ``cpu.stat`` cannot say: while the sidecar's thread and one of the batch's took
 turns on one CPU (each switched out runnable, straight to the other), how long each ran.
-The model gives the sidecar 2/3 of such a CPU (the groups' weights, docs/model.md). Each
-measurement is also held to the model as ``bench/lab_vs_model.py --sidecar`` holds it.
+The model gives the sidecar 2/3 of such a CPU (the groups' weights, docs/model.md). It
+also keeps each turn's length: the kernel preempts at ticks, so a turn lasts about one
+tick or a few in a row, and a side's turns are counted by that (``sidecar_turns``,
+``batch_turns``: how many, their median, how many of one tick). Each measurement is also
+held to the model as ``bench/lab_vs_model.py --sidecar`` holds it.
 
 Which thread is whose comes from ``cgroup_attach_task`` (the lab's ``…-pod/container`` and
 ``…-pod/sidecar``); a run's span is the sidecar's ``wall_ms`` up to its thread's last sleep
@@ -26,6 +29,7 @@ import datetime
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 from collections import defaultdict
@@ -104,6 +108,10 @@ class Turns:
     batch: float = 0.0
     sidecar_beside: float = 0.0
     batch_beside: float = 0.0
+    sidecar_turns: tuple[float, ...] = ()
+    """Each of the sidecar's turns, s, in order (one turn: from a switch to it to the
+    switch back; the kernel preempts at ticks, so a turn is about a tick or a few)."""
+    batch_turns: tuple[float, ...] = ()
 
 
 def turns(events: list[Switch], side: int, others: set[int], start: float, end: float) -> Turns:
@@ -112,6 +120,7 @@ def turns(events: list[Switch], side: int, others: set[int], start: float, end: 
     other again (a preemption both ways). ``events`` in time order, as the trace has them."""
     mine = others | {side}
     ran = defaultdict(float)
+    each: dict[str, list[float]] = {"sidecar": [], "batch": []}
     current: dict[int, int] = {}
     opened: dict[int, tuple[Switch, bool]] = {}
     for e in events:
@@ -124,10 +133,23 @@ def turns(events: list[Switch], side: int, others: set[int], start: float, end: 
                 who = "sidecar" if a.next == side else "batch"
                 ran[who] += e.t - a.t
                 ran[who + "_beside"] += (e.t - a.t) if beside else 0.0
+                each[who].append(e.t - a.t)
         current[e.cpu] = e.next
         beside = any(pid in others and cpu != e.cpu for cpu, pid in current.items())
         opened[e.cpu] = (e, beside)
-    return Turns(**ran)
+    return Turns(**ran, sidecar_turns=tuple(each["sidecar"]), batch_turns=tuple(each["batch"]))
+
+
+def _ticks(turns: tuple[float, ...], hz: int) -> dict[str, Any]:
+    """How long a side's turns were: their median, ms, and how many lasted about one tick
+    (less than 1.5) and how many longer."""
+    tick = 1.0 / hz
+    return {
+        "turns": len(turns),
+        "median_ms": round(statistics.median(turns) * 1000, 2) if turns else None,
+        "one_tick": sum(t < 1.5 * tick for t in turns),
+        "longer": sum(t >= 1.5 * tick for t in turns),
+    }
 
 
 def _share(mine: float, theirs: float) -> float | None:
@@ -155,6 +177,8 @@ def shares(lines: list[str], runs: list[dict[str, Any]]) -> list[dict[str, Any] 
             "sidecar_share": _share(t.sidecar, t.batch),
             "beside_ms": round((t.sidecar_beside + t.batch_beside) * 1000, 1),
             "sidecar_share_beside": _share(t.sidecar_beside, t.batch_beside),
+            "sidecar_turns": _ticks(t.sidecar_turns, int(run.get("hz") or 250)),
+            "batch_turns": _ticks(t.batch_turns, int(run.get("hz") or 250)),
         })  # fmt: skip
     return out
 
@@ -187,7 +211,9 @@ def tracing() -> Iterator[Path]:
         (TRACEFS / "tracing_on").write_text(saved["tracing_on"].strip())
 
 
-def measure(repeats: int, flags: list[str]) -> dict[str, Any]:
+def measure(
+    repeats: int, flags: list[str], save: Path = Path("bench/results/sched-trace-sidecar.json")
+) -> dict[str, Any]:
     """``repeats`` traced ``lab run``s: the results file's content (lab_vs_model's shape,
     with each measurement's ``turns`` beside its runs)."""
     exe = Path(sys.executable).with_name("unthrottle")
@@ -203,7 +229,7 @@ def measure(repeats: int, flags: list[str]) -> dict[str, Any]:
                              "turns": shares(lines, entries[0]["runs"])})  # fmt: skip
     return {
         "command": "sudo .venv/bin/python bench/sched_trace.py "
-        f"--repeats {repeats} {' '.join(flags)} --save bench/results/sched-trace-sidecar.json",
+        f"--repeats {repeats} {' '.join(flags)} --save {save}",
         "measured": datetime.date.today().isoformat(),
         "cores": len(os.sched_getaffinity(0)),
         "measurements": measurements,
@@ -226,8 +252,18 @@ def report(results: dict[str, Any]) -> str:
                 f"while the batch's other thread ran ({turn['beside_ms']:.1f} ms); sidecar p50 "
                 f"{c.sidecar.measured.latency.p50:.1f} vs {c.sidecar.predicted.latency.p50:.1f} "
                 f"ms; {'agrees' if not c.misses else 'no: ' + '; '.join(c.misses)}"
+                + "".join(_turn_lengths(turn, who) for who in ("sidecar", "batch"))
             )
     return "\n".join(lines)
+
+
+def _turn_lengths(turn: dict[str, Any], who: str) -> str:
+    """``; sidecar's turns: 30, median 4.00 ms, 20 of one tick`` (where measured)."""
+    found = turn.get(f"{who}_turns")
+    if not found or not found["turns"]:
+        return ""
+    return (f"; {who}'s turns: {found['turns']}, median {found['median_ms']:.2f} ms,"
+            f" {found['one_tick']} of one tick")  # fmt: skip
 
 
 def main() -> int:
@@ -243,7 +279,7 @@ def main() -> int:
     else:
         flags = [f for f, on in (("--isolate", args.isolate), ("--pin", args.pin),
                                  ("--pin-sidecar", args.pin_sidecar)) if on]  # fmt: skip
-        results = measure(args.repeats, flags)
+        results = measure(args.repeats, flags, *([args.save] if args.save else []))
         if args.save:
             args.save.write_text(json.dumps(results, indent=1) + "\n")
     print(report(results))

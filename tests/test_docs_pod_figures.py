@@ -84,7 +84,8 @@ def test_the_pod_table_is_the_saved_runs() -> None:
 
 POD_RESULTS = ["pod-stall.json", "lab-vs-model-pod.json", "pod-sidecar.json",
                "lab-vs-model-sidecar.json", "lab-vs-model-sidecar-pinned-more.json",
-               "sched-trace-sidecar.json", "sidecar-phases.json"]  # fmt: skip
+               "sched-trace-sidecar.json", "sched-trace-turns.json",
+               "sidecar-phases.json"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", POD_RESULTS)
@@ -208,3 +209,34 @@ def test_the_traced_turns_are_the_saved_ones() -> None:
     found = lab_vs_model.agreements(saved)[0]
     agreed = sum(not c.misses for c in found.comparisons)
     assert f"throttled run agreed in {agreed} of these {len(found.comparisons)}" in section(3)
+
+
+def test_the_traced_turns_lengths_are_the_saved_ones() -> None:
+    """How long each side's turns were, in ticks, and the share, p50s and agreement of
+    the second traced set, as bench/sched_trace.py saved them."""
+    saved = results("sched-trace-turns.json")
+    turns = [m["turns"] for m in saved["measurements"]]
+    batch = [t[i]["batch_turns"] for t in turns for i in (0, 1)]
+    text = section(3)
+    assert (
+        f"the batch's turns were one tick (4 ms at HZ=250) in "
+        f"{sum(b['one_tick'] for b in batch)} of {sum(b['turns'] for b in batch)}"
+    ) in text
+    for index, said in ((1, "With room {} of the sidecar's turns were one tick (median {} ms)"),
+                        (0, "in the throttled pod {} (median {} ms)")):  # fmt: skip
+        side = [t[index]["sidecar_turns"] for t in turns]
+        ones = span([s["one_tick"] / s["turns"] for s in side], 2)
+        assert said.format(ones, span([s["median_ms"] for s in side], 2)) in text
+    throttled, room = ([t[i]["sidecar_share"] for t in turns] for i in (0, 1))
+    assert (
+        f"Its share this time was {span(throttled, 3)} throttled and {span(room, 3)} with room"
+    ) in text
+    found = lab_vs_model.agreements(saved)[0]
+    sides = [c.sidecar for c in found.comparisons if c.sidecar is not None]
+    kernel = span([s.measured.latency.p50 for s in sides], 1)
+    model = span([s.predicted.latency.p50 for s in sides], 1)
+    agreed = sum(not c.misses for c in found.comparisons)
+    assert (
+        f"agreed in {agreed} of the {len(sides)} (the sidecar's p50 {kernel} ms against"
+        f" the model's {model})"
+    ) in text

@@ -52,11 +52,21 @@ def test_turns_beside_the_batchs_other_thread_running_elsewhere_are_told_apart()
 
 def test_a_runs_span_ends_at_the_sidecars_last_sleep_and_lasts_its_wall_time() -> None:
     runs = [{"sidecar": {"wall_ms": 30.0}}]  # from 11.020: no whole turn in it
+    none = {"turns": 0, "median_ms": None, "one_tick": 0, "longer": 0}
     assert sched_trace.shares(trace(STEPS), runs)[0] == {
         "sidecar_ms": 0.0, "batch_ms": 0.0, "sidecar_share": None, "beside_ms": 0.0,
-        "sidecar_share_beside": None,
+        "sidecar_share_beside": None, "sidecar_turns": none, "batch_turns": none,
     }  # fmt: skip
     runs = [{"sidecar": {"wall_ms": 50.0}}, {"limit": {}}]  # from 11.000
     first, second = sched_trace.shares(trace(STEPS), runs)
     assert first is not None and (first["sidecar_ms"], first["batch_ms"]) == (16.0, 4.0)
     assert first["sidecar_share"] == 0.8 and second is None
+    # HZ=250: a tick is 4 ms; the sidecar's two 8 ms turns are two ticks, the batch's one
+    assert first["sidecar_turns"] == {"turns": 2, "median_ms": 8.0, "one_tick": 0, "longer": 2}
+    assert first["batch_turns"] == {"turns": 1, "median_ms": 4.0, "one_tick": 1, "longer": 0}
+
+
+def test_the_turns_are_kept_one_by_one_in_order() -> None:
+    found = sched_trace.turns(sched_trace.switches(trace(STEPS)), 13, {11, 12}, 10.0, 12.0)
+    assert [round(t * 1000, 3) for t in found.sidecar_turns] == [8.0, 8.0]
+    assert [round(t * 1000, 3) for t in found.batch_turns] == [4.0]

@@ -19,7 +19,8 @@ import lab_vs_model
 import sidecar_phases
 
 PINNED = ["lab-vs-model-sidecar-pinned-first.json", "lab-vs-model-sidecar.json",
-          "lab-vs-model-sidecar-pinned-more.json", "sched-trace-sidecar.json"]  # fmt: skip
+          "lab-vs-model-sidecar-pinned-more.json", "sched-trace-sidecar.json",
+          "sched-trace-turns.json"]  # fmt: skip
 """Every pinned measurement of the two-container pod, in the order the docs pool them."""
 
 
@@ -52,8 +53,9 @@ def test_only_results_of_one_set_pool() -> None:
 def test_the_docs_table_of_the_two_container_pod_is_every_pinned_measurement() -> None:
     table = lab_vs_model.table(pinned_agreements())
     throttled, room = pinned_agreements()
-    assert f"yes, in {throttled.agreeing} of 13 |" in table
-    assert f"yes, in {room.agreeing} of 13 |" in table
+    n = len(throttled.comparisons)
+    assert f"yes, in {throttled.agreeing} of {n} |" in table
+    assert f"yes, in {room.agreeing} of {n} |" in table
     assert " ".join(table.split()) in " ".join(section(3).split())
 
 
@@ -80,14 +82,14 @@ def test_the_sweep_is_the_model_at_the_measured_phases_and_around_them() -> None
 def test_the_docs_quote_the_saved_sweep() -> None:
     saved = results("sidecar-phases.json")
     throttled = [m for m in saved["measurements"] if m["run"].startswith("1 CPU")]
-    assert len(throttled) == 13
+    assert len(throttled) == len(pinned()["measurements"])
     near = sum(m["near_phases"]["agreeing"] > 0 for m in throttled)
     anywhere = sum(m["over_phases"]["agreeing"] > 0 for m in throttled)
     low = min(m["over_phases"]["p50_ms"][0] for m in throttled)
     high = max(m["over_phases"]["p50_ms"][1] for m in throttled)
     text = " ".join(section(3).split())
     assert saved["command"] in section(3).replace("\\ ", "")
-    assert f"within 2 ms of its measured phases in {near} of the 13" in text
+    assert f"within 2 ms of its measured phases in {near} of the {len(throttled)}" in text
     assert f"at some phase of the period in {anywhere}" in text
     assert f"its p50 over the period {low:.1f}–{high:.1f} ms" in text
 
@@ -102,24 +104,25 @@ def test_the_docs_count_the_throttled_runs_misses_as_the_pool_holds_them() -> No
     text = " ".join(section(3).split())
     assert (f"Of the {len(missed)} misses the sidecar's are {len(side)} (its throttle ratio"
             f" in {ratio}, the kernel's") in text  # fmt: skip
-    assert f"and its p50 in {p50}, 27.7–52.1 ms) and the batch's {len(batch)}" in text
+    assert f"and its p50 in {p50}, 27.2–52.1 ms) and the batch's {len(batch)}" in text
 
 
 def test_the_readme_and_the_model_doc_quote_the_pool_and_the_sweep() -> None:
     throttled, room = pinned_agreements()
+    n = len(throttled.comparisons)
     sweep = [m for m in results("sidecar-phases.json")["measurements"]
              if m["run"].startswith("1 CPU")]  # fmt: skip
     near = sum(m["near_phases"]["agreeing"] > 0 for m in sweep)
     low = min(m["over_phases"]["p50_ms"][0] for m in sweep)
     high = max(m["over_phases"]["p50_ms"][1] for m in sweep)
     readme, model = prose("README.md"), prose("docs/model.md")
-    assert f"run with room (in {room.agreeing} of 13 measurements;" in readme
-    assert f"but in {throttled.agreeing} of 13 only" in readme
+    assert f"run with room (in {room.agreeing} of {n} measurements;" in readme
+    assert f"but in {throttled.agreeing} of {n} only" in readme
     assert f"{low:.1f}–{high:.1f} at any phase" in readme
-    assert f"the sidecar agrees in {near} of 13)" in readme
+    assert f"the sidecar agrees in {near} of {n})" in readme
     assert f"the run with room agrees in {room.agreeing} (" in model
-    assert f"agrees by the rules below, in {throttled.agreeing} of the 13" in model
-    assert f"within 2 ms of the measured phases it agrees in {near} of the 13" in model
+    assert f"agrees by the rules below, in {throttled.agreeing} of the {n}" in model
+    assert f"within 2 ms of the measured phases it agrees in {near} of the {n}" in model
 
 
 def test_the_docs_say_when_and_beside_what_the_pool_was_measured() -> None:
@@ -128,3 +131,17 @@ def test_the_docs_say_when_and_beside_what_the_pool_was_measured() -> None:
     said = (f"Measured {len(load)} times with both pinned, all on {pool['measured']},"
             f" {min(load):.2f}–{max(load):.2f} cores of other load")  # fmt: skip
     assert said in " ".join(section(3).split())
+
+
+def test_the_readme_and_the_model_doc_quote_the_ten_traced_shares() -> None:
+    turns = [m["turns"] for name in ("sched-trace-sidecar.json", "sched-trace-turns.json")
+             for m in results(name)["measurements"]]  # fmt: skip
+    throttled, room = ([t[i]["sidecar_share"] for t in turns] for i in (0, 1))
+    assert len(throttled) == 10
+    shares = f"{min(throttled):.3f}–{max(throttled):.3f}"
+    assert f"got {shares} of the CPU time it took turns for" in prose("README.md")
+    assert f"and it got {min(room):.3f}–{max(room):.3f} with room" in prose("README.md")
+    assert f"got {min(room):.3f}–{max(room):.3f} of the time it took turns" in prose(
+        "docs/model.md"
+    )
+    assert f"but {shares} in the throttled pod" in prose("docs/model.md")
