@@ -104,8 +104,16 @@ def test_lab_run_reports_each_containers_counters_and_the_pods(
             # the pod's usage is its two containers' (the same counters, read together)
             both = run["usage_ms"] + side["usage_ms"]
             assert abs(pod["usage_ms"] - both) <= 0.01 * both + 1, (pod, both)
-            # the pod's timer ran while either container did
-            assert pod["nr_periods"] >= max(run["nr_periods"], side["nr_periods"]) - 1
+            # The pod's timer ran while the batch did: the batch draws ~100 ms a period from
+            # the pod's pool, far more than a CPU holds (a 5 ms slice). Not always while the
+            # sidecar alone did: the kernel's period timer stops after a period in which no
+            # CPU drew runtime from the pool (cfs_b->idle), and restarts later without
+            # counting the periods it skipped; the sidecar, alone after the batch ends, may
+            # run a period of the pod's grid on runtime its CPU already held. Measured: the
+            # pod one period short of the sidecar in 8 of 22 saved throttled runs, two short
+            # once (13 against the sidecar's 15 and the batch's 13).
+            assert pod["nr_periods"] >= run["nr_periods"] - 1
+            assert pod["nr_periods"] <= max(run["nr_periods"], side["nr_periods"]) + 1
             for level in (run, side, pod):
                 assert 0 <= level["nr_throttled"] <= level["nr_periods"]
             # a stall booked is time the threads waited
