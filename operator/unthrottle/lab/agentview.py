@@ -57,4 +57,5 @@ def as_read(evidence: PeriodEvidence, view: View, *, threads: int = 0) -> Period
     rebuilt = evidence_from_histogram(bounds, cumulative, period_us=period)
     backlog = fold(evidence.demand_us, period) if view is View.AGENT else None
     return replace(rebuilt, observed_throttle_ratio=evidence.observed_throttle_ratio,
-                   waits=evidence.waits, backlog=backlog)  # fmt: skip
+                   waits=evidence.waits, backlog=backlog,
+                   usage_cores=evidence.usage_cores)  # fmt: skip

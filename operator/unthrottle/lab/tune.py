@@ -176,14 +176,28 @@ def sidecar_ratio(figures: RunFigures) -> float:
     return max(own, float(pod.get("throttle_ratio", 0.0)))
 
 
-def evidence_of(samples: PeriodSamples, ratio: float) -> PeriodEvidence:
+def evidence_of(samples: PeriodSamples, ratio: float, usage: float | None = None) -> PeriodEvidence:
     """The engine's evidence from a run's period samples: the demand with the wait in it,
-    and where the threads waited (on the quota, or behind other processes)."""
+    where the threads waited (on the quota, or behind other processes), and ``usage``, the
+    run's usage over its wall time from its counters (:func:`usage_cores`), which the engine
+    never refines below."""
     waits = Waits(float(samples.throttled_us.sum()) / 1e6,
                   float(samples.contention_us.sum()) / 1e6)  # fmt: skip
-    return PeriodEvidence(
-        samples.demand_us, samples.period_us, observed_throttle_ratio=ratio, waits=waits
-    )
+    # quota_demand_us: the quota's end of the demand, period by period (recommend.contention)
+    return PeriodEvidence(samples.demand_us, samples.period_us, observed_throttle_ratio=ratio,
+                          waits=waits, usage_cores=usage,
+                          quota_demand_us=samples.usage_us + samples.stalled_us)  # fmt: skip
+
+
+def usage_cores(figures: RunFigures) -> float | None:
+    """A run's CPU usage over its wall time, cores, from its counters (``usage_ms /
+    wall_ms``); None for a run without a wall time."""
+    return figures.stat.usage_us / (figures.wall_ms * 1000) if figures.wall_ms > 0 else None
+
+
+def sidecar_usage_cores(figures: RunFigures) -> float | None:
+    """The sidecar's usage over its wall time in a two-container run (:func:`usage_cores`)."""
+    return usage_cores(RunFigures.from_json(figures.extra["sidecar"]))
 
 
 def current_of(run: RunSpec) -> Current:
@@ -220,7 +234,8 @@ def tune(
     say(f"measuring today's settings ({first.label()}), sampling every period")
     before, samples = run_sampled(workload, first, layout, options)
     current = current_of(first)
-    evidence = as_read(evidence_of(samples, throttle_ratio(before)), view, threads=samples.threads)
+    evidence = as_read(evidence_of(samples, throttle_ratio(before), usage_cores(before)), view,
+                       threads=samples.threads)  # fmt: skip
     others = first.other_threads
     pod = first.pod_quota
     rec = recommend(evidence, current, policy)
@@ -232,9 +247,8 @@ def tune(
     refined = None
     censored = throttle_ratio(before) > policy.target_ratio
     if censored and throttle_ratio(after) <= policy.target_ratio:
-        evidence = as_read(
-            evidence_of(after_samples, throttle_ratio(after)), view, threads=after_samples.threads
-        )
+        evidence = as_read(evidence_of(after_samples, throttle_ratio(after), usage_cores(after)),
+                           view, threads=after_samples.threads)  # fmt: skip
         now = Current(rec.limit_millicores, period_us=current.period_us, burst_us=rec.burst_us)
         second = recommend(evidence, now, policy)
         changed = (second.limit_millicores, second.burst_us) != (rec.limit_millicores, rec.burst_us)
@@ -287,13 +301,12 @@ def _recommend_both(
 ) -> tuple[Recommendation, Recommendation]:
     """Each container's recommendation from its own evidence (its share of the pod's
     throttled time in it), its ratio as the target holds it."""
-    own = recommend(
-        as_read(evidence_of(samples[0], throttle_ratio(before)), view, threads=samples[0].threads),
-        now[0],
-        policy,
-    )
+    own_evidence = evidence_of(samples[0], throttle_ratio(before), usage_cores(before))
+    own = recommend(as_read(own_evidence, view, threads=samples[0].threads), now[0], policy)
     side_evidence = as_read(
-        evidence_of(samples[1], sidecar_ratio(before)), view, threads=samples[1].threads
+        evidence_of(samples[1], sidecar_ratio(before), sidecar_usage_cores(before)),
+        view,
+        threads=samples[1].threads,
     )
     side = recommend(side_evidence, now[1], policy)
     if own.limit_millicores is None or side.limit_millicores is None:

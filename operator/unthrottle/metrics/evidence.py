@@ -202,13 +202,17 @@ class ContainerEvidence:
     def period_evidence(self, period_us: int = DEFAULT_PERIOD_US) -> PeriodEvidence:
         """Period-level evidence rebuilt from the agent's histogram, with the order the
         backlog series keep where the agent exports them. Like the histogram's windows, the
-        backlog's are read as CFS periods (a level's quota is level × period)."""
+        backlog's are read as CFS periods (a level's quota is level × period). The usage
+        counter per active period rides along (``usage_cores``): what it certainly used,
+        whatever the windows read, below which a refinement never goes."""
         evidence = evidence_from_histogram(*self._histogram(), period_us=period_us)
         backlog = None
         if self.backlog and self.active_windows is not None:
             backlog = Backlog(period_us, self.active_windows, dict(self.backlog))
+        usage = self.counters(0.0, period_us).usage_cores if self.periods >= 1 else None
         return replace(evidence, observed_throttle_ratio=self.throttle_ratio(), waits=self.waits(),
-                       pod_throttled_s=self.pod_throttled_s, backlog=backlog)  # fmt: skip
+                       pod_throttled_s=self.pod_throttled_s, backlog=backlog,
+                       usage_cores=usage)  # fmt: skip
 
     def _histogram(self) -> tuple[list[float], list[float]]:
         """Bucket bounds in order, and their cumulative counts."""

@@ -8,6 +8,8 @@ step                          effect
 2. headroom                   × (1 + headroom), for demand the window missed
 3. Auto: average floor        at least the long-run average × (1 + headroom)
 4. burst sizing               smallest burst ≤ quota that meets the target
+4b. refinement floor          met the target at today's limit: no lower than the
+                              counters' usage × (1 + headroom), or today's limit
 5. bounds                     [limits.min, limits.max], ≥ request, quota ≥ 1 ms
 6. step limit                 within ×maxStepDown … ×maxStepUp of today's limit
 7. rounding                   up to 10m
@@ -178,7 +180,7 @@ def recommend(evidence: Evidence, current: Current, policy: Policy) -> Recommend
             and policy.strategy is not Strategy.LIMIT_ONLY):  # fmt: skip
         # the burst was sized at the limit before; the order's word holds at this one only
         waited = burst_for_target(waited, evidence, policy.target_ratio)
-    draft = waited
+    draft = _not_below_usage(waited, evidence, current, policy, ratio)
     draft = _finished(draft, policy, current)
     lower = _lower_limit(evidence, current, policy, ratio)
     if lower is not None and draft.limit is not None and lower < draft.limit:
@@ -212,6 +214,38 @@ def recommend(evidence: Evidence, current: Current, policy: Policy) -> Recommend
         uncapped_limit_millicores=uncapped,
         lower_limit_millicores=lower,
     )
+
+
+def _not_below_usage(
+    draft: Draft, evidence: Evidence, current: Current, policy: Policy, ratio: float | None
+) -> Draft:
+    """Refining: the evidence met the target at today's limit, so its windows show the
+    demand itself and the chain may step down from them. But windows can read less than
+    the container used: their edges fall on the kernel's period grid, which no setting
+    chooses (a ``lab tune`` on CI refined an answer that met, 2,140m, to 1,850m + 43 ms from
+    windows averaging 1.68 cores or less, where that run's counters said about 1.93; the
+    kernel throttled it). The usage counter over the window is what it certainly used: the limit
+    stays at that plus headroom, as Auto's average floor would have it, or at today's,
+    which met the target, whichever is less; the burst is sized again at that limit."""
+    usage = evidence.usage_cores if isinstance(evidence, PeriodEvidence) else None
+    today = current.limit_millicores
+    if (usage is None or today is None or draft.limit is None or ratio is None
+            or ratio > policy.target_ratio):  # fmt: skip
+        return draft
+    floor = min(today, math.ceil(usage * 1000 * (1 + policy.headroom)))
+    if draft.limit >= floor:
+        return draft
+    kept = "today's limit, which met the target" if floor == today else (
+        f"its usage plus {policy.headroom:.0%} headroom")  # fmt: skip
+    draft = draft.but(
+        limit=floor,
+        reason=f"refined from evidence that met the target at {today}m: not below the "
+        f"{usage * 1000:.0f}m its usage counter measured over the window ({draft.limit}m from "
+        f"the windows, which read less), so {floor}m: {kept}",
+    )
+    if isinstance(evidence, PeriodEvidence) and policy.strategy is not Strategy.LIMIT_ONLY:
+        draft = burst_for_target(draft, evidence, policy.target_ratio)
+    return draft
 
 
 def _unused_burst(

@@ -146,6 +146,11 @@ class PeriodEvidence:
     """The container's share of its pod's own throttled time (the pod cgroup's quota) over
     the window, seconds: in ``observed_throttle_ratio`` already, and in the demand where the
     threads' wait was measured (the run delay holds it)."""
+    usage_cores: float | None = None
+    """The CPU it used over the window, cores, from the cumulative usage counter (the
+    operator: cAdvisor's or the agent's, per active period; ``lab tune``: a run's usage over
+    its wall time); None where not known. What it certainly used, whatever the windows
+    read: a refinement never goes below it (:mod:`unthrottle.recommend.engine`)."""
     in_order: bool = True
     """``demand_us`` is in the order it happened (False: rebuilt from a histogram, whose
     windows were shuffled)."""
