@@ -19,7 +19,7 @@ import pytest
 
 from conftest import KERNEL_LAYOUT, ROOT
 from test_lab_seeds import MORE_REPEATS, disturbed
-from test_lab_tune import MET, MORE_TUNES, assert_small, judged
+from test_lab_tune import MET, assert_small, judged
 from unthrottle.cfs import RunFigures
 from unthrottle.cfs.pod import stalled_us
 from unthrottle.lab import LabOptions, run_scenario
@@ -33,6 +33,11 @@ POD_BATCH = ROOT / "scenarios" / "pod-quota-batch.yaml"
 REPEATS = 2
 POD_OPTIONS = LabOptions(isolate=True, pin=True)
 """As the seed tests measure: the workers pinned, the machine's other processes idle."""
+STALL_LOW, STALL_HIGH = 0.45, 1.25
+"""The stall the evidence counts in the pod, against the same container's throttled time
+alone: 0.52-1.09x in bench/results/pod-stall.json, 0.90-1.07x in six runs of this test,
+and a margin for the kernel's spread. The two levels' sum without the wait's cap read
+1.31x and 1.35x in two of those six (both cgroups booked one stall)."""
 
 
 def leftovers() -> set[str]:
@@ -70,11 +75,18 @@ def test_the_pods_stall_is_what_the_containers_counters_miss(
     both cgroups book a stall when their quotas run out together (equal quotas, grids a few
     ms apart: 1.16× in bench/results/pod-stall.json, 1.33× once on CI over 12 periods), so
     the evidence caps the sum by the wait (cfs.pod.stalled_us) and never counts less than
-    either level. Where the pod's quota runs out first depends on where the kernel put its
-    grid against the container's, which no setting chooses: over 18 runs (10 beside a hog)
-    the pod was throttled 2-795 ms, in 1-12 of 12 periods, and once on CI both runs of
-    this test 0 (the pod's grid 87 ms after the container's). So the scenario is measured
-    again, at most MORE_REPEATS times, while no run has shown the pod's stall."""
+    either level. What it counts is held to the same container's throttled time alone in
+    the same repeat (:data:`STALL_LOW`, :data:`STALL_HIGH`): in bench/results/pod-stall.json
+    the two levels' sum read 0.52-1.15x of it and the count 0.52-1.09x: a count without
+    the wait's cap leaves the span where both levels booked one stall (1.31x and 1.35x in
+    two of six runs of this test), and one without the pod's stall where the pod's quota
+    ran out first for most of the run (the container's own counter read 0.08-0.94x).
+
+    Where the pod's quota runs out first depends on where the kernel put its grid against
+    the container's, which no setting chooses: over 18 runs (10 beside a hog) the pod was
+    throttled 2-795 ms, in 1-12 of 12 periods, and once on CI both runs of this test 0 (the
+    pod's grid 87 ms after the container's). So the scenario is measured again, at most
+    MORE_REPEATS times, while no run has shown the pod's stall."""
     assert KERNEL_LAYOUT is not None
     repeats = list(measured)
     for _ in range(MORE_REPEATS):
@@ -84,12 +96,16 @@ def test_the_pods_stall_is_what_the_containers_counters_miss(
         repeats.append(run_scenario(load_scenario(POD_BATCH), KERNEL_LAYOUT, POD_OPTIONS))
     pods = [in_pod.extra["pod"]["throttled_ms"] for _, _, in_pod in repeats]
     assert max(pods) > 0, f"the pod's quota never ran out first in {len(pods)} runs"
-    for _, _, in_pod in repeats:
+    for _, alone, in_pod in repeats:
         wait, own = in_pod.stat.wait_us, in_pod.stat.throttled_us
         pod = round(in_pod.extra["pod"]["throttled_ms"] * 1000)
         assert own <= 1.02 * wait and pod <= 1.02 * wait, (own, pod, wait)
         counted = stalled_us(own, pod, wait)
-        assert max(own, min(pod, wait)) <= counted <= max(own, wait), (own, pod, wait)
+        single = alone.stat.throttled_us
+        print(f"counted {counted} µs (own {own}, pod {pod}, wait {wait}) against {single} "
+              f"alone: {counted / single:.2f}x")  # fmt: skip
+        assert STALL_LOW * single <= counted <= STALL_HIGH * single, (counted, own, pod, wait,
+                                                                        single)  # fmt: skip
 
 
 def test_the_model_agrees_with_every_run_of_the_pod_scenario(
@@ -140,44 +156,35 @@ def misses(result: dict[str, Any]) -> bool:
     return not meets(final_of(result)[1])
 
 
-def run_cores(run: dict[str, Any]) -> float:
-    """A run's demand over its wall time, from its own counters: usage + the larger of
-    throttled time and wait, cores."""
-    return (run["usage_ms"] + max(run["throttled_ms"], run["wait_ms"])) / run["wall_ms"]
+def used_millicores(run: dict[str, Any]) -> float:
+    """What a run used over its wall time, from its own counters (``usage_ms / wall_ms``),
+    millicores: what ``lab tune`` gives the engine as the evidence's ``usage_cores``."""
+    return 1000 * run["usage_ms"] / run["wall_ms"]
 
 
-def refined_from_short_windows(result: dict[str, Any]) -> str:
-    """Why a missed answer is measured again, or "" if it is not: the tune refined the
-    first answer, which met the target, to a limit below what that run's own counters say
-    it used over its wall time. The refinement's windows then read less demand than the
-    run had; on CI a tune answered 2,140m (met), then 1,850m + a 43 ms burst from that
-    run's windows, which the kernel throttled: 1,850m takes windows averaging 168 ms or
-    less (Auto's floor, 10 % over the mean), where 32 such runs here (6 of them started 50
-    or 90 ms into a period) read 6 windows of 181-200 ms each and the answer stayed
-    2,140m. The windows fall on the kernel's grid, which no setting chooses."""
+FLOOR_REASON = "its usage counter measured over the window"
+"""The words of the engine's reason where the refinement floor held the answer up
+(printed: a floor that held shows the windows read less than the counters)."""
+
+
+def assert_not_refined_below_what_it_used(result: dict[str, Any]) -> None:
+    """The product's rule (recommend.engine, the refinement floor): a refinement of an
+    answer that met the target is no lower than what that answer's run used over its wall
+    time, or it is that answer; where the floor held it, the reason says so. On CI, before
+    the rule, a tune answered 2,140m (met), then refined to 1,850m + 43 ms from windows that
+    read less than the run's counters (about 1.93 cores), and the kernel throttled it."""
     refined = result["refined"]
-    if not refined or not misses(result) or not meets(result["after"]):
-        return ""
+    if not refined:
+        return
+    first = result["recommendation"]["limit_millicores"]
     limit = refined["recommendation"]["limit_millicores"]
-    used = 1000 * run_cores(result["after"])
-    if limit >= used:
-        return ""
-    return (f"refined {result['recommendation']['limit_millicores']}m (met) to {limit}m + "
-            f"{refined['recommendation']['burst_us'] / 1000:g} ms, below the {used:.0f}m that "
-            "run used over its wall time")  # fmt: skip
-
-
-def tuned_in_a_pod() -> dict[str, Any]:
-    """The pod's tune, by :func:`judged`'s rules, and also run again (at most MORE_TUNES
-    times) while its answer missed after :func:`refined_from_short_windows`."""
-    result = judged(lambda: tune(ROOT / "scenarios" / "tune-batch-pod-quota.yaml"), misses)
-    for _ in range(MORE_TUNES):
-        why = refined_from_short_windows(result)
-        if not why:
-            break
-        print(f"tuned again: {why}, and the kernel throttled it")
-        result = judged(lambda: tune(ROOT / "scenarios" / "tune-batch-pod-quota.yaml"), misses)
-    return result
+    used = used_millicores(result["after"])
+    held = any(FLOOR_REASON in r for r in refined["recommendation"]["reasons"])
+    print(f"refined {first}m to {limit}m; its run used {used:.0f}m; the floor held it: {held}")
+    assert limit >= min(first, used), (
+        f"refined {first}m (met) to {limit}m, below the {used:.0f}m its run used",
+        refined["recommendation"]["reasons"],
+    )
 
 
 @pytest.mark.slow
@@ -185,24 +192,37 @@ def test_tune_meets_the_target_in_a_pod_with_what_it_recommends_alone() -> None:
     """``lab tune`` of the batch in a pod with a quota: every run of the tune keeps the pod
     quota; the answer meets the target in the container's periods and the pod's, is no
     bigger than the test measured the batch to need, and is what the same tune answers
-    without the pod quota, within the kernel's spread (this run's answer alone and those of
-    bench/results/pod-stall.json). A tune is run again as :func:`tuned_in_a_pod` says."""
-    in_pod = tuned_in_a_pod()
-    alone = tune(ROOT / "scenarios" / "tune-batch-parallel.yaml")
+    without the pod quota in this run, within the kernel's spread. A tune is run again by
+    :func:`judged`'s rules only (the host took from a run the answer was sized from), and a
+    refinement never answers below what the run it refined from used
+    (:func:`assert_not_refined_below_what_it_used`)."""
+    in_pod = judged(lambda: tune(ROOT / "scenarios" / "tune-batch-pod-quota.yaml"), misses)
+    assert_not_refined_below_what_it_used(in_pod)
+    limit, after = final_of(in_pod)
     for tried in [in_pod["before"], in_pod["after"], *(b["after"] for b in in_pod["baselines"])]:
         assert tried["limit"].get("pod_quota") is True and "pod" in tried
-    limit, after = final_of(in_pod)
     # the container's periods and the pod's, each compared no finer than one period of the
     # run (a tune's run is short: 6-7 periods, a ratio in steps of 0.14-0.17). The kernel's
     # own minimum for this batch is 1,980-2,000m (bench/results/tune-sweep.md), and an
     # answer there throttled 1 of 6 periods beside a hog (1,980m, the host taking nothing);
     # once 1 of the pod's 7 throttled, beside 1.9 s of host steal. An answer short of the
     # need throttles most of them (VPA's 1,150m: 10 of 10).
-    assert meets(after), (refined_from_short_windows(in_pod), limit, after, in_pod)
+    assert meets(after), (limit, after, in_pod)
     assert_small(in_pod)
-    # the kernel's spread of the answer alone: this run's tune and the saved ones (one CI
-    # run beside 3.7 s of host steal answered 1,490m alone, and 1,950m in the pod)
+    # this run's answer alone, within the kernel's spread (ALONE_SPREAD); tuned alone again
+    # by judged's rules only: one CI run beside 3.7 s of host steal answered 1,490m alone,
+    # and 1,950m in the pod
+    alone = judged(lambda: tune(ROOT / "scenarios" / "tune-batch-parallel.yaml"),
+                   lambda tuned: not within_the_spread(limit, final_of(tuned)[0]))  # fmt: skip
     alone_limit, _ = final_of(alone)
-    saved = json.loads((ROOT / "bench" / "results" / "pod-stall.json").read_text())["runs"]
-    answers = [alone_limit, *(r["recommended_millicores"] for r in saved if not r["pod_quota"])]
-    assert 0.85 * min(answers) <= limit <= 1.15 * max(answers), (limit, answers)
+    assert within_the_spread(limit, alone_limit), (limit, alone_limit, alone["before"])
+
+
+ALONE_SPREAD = 0.15
+"""How far the answer in a pod may be from the same tune's answer alone: the kernel's own
+minimum for the batch is 1,980-2,000m (bench/results/tune-sweep.md), and the answers of
+bench/results/pod-stall.json, alone and in the pod, 1,920-2,270m."""
+
+
+def within_the_spread(in_pod: int, alone: int) -> bool:
+    return (1 - ALONE_SPREAD) * alone <= in_pod <= (1 + ALONE_SPREAD) * alone
