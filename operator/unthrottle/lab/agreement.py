@@ -45,13 +45,18 @@ the given number of cores. The rules (docs/model.md, "Agreement"):
   its run's; no no-limit run of the sidecar measures what the machine adds to it), its
   band over the same wake-ups; a measurement agrees when both containers do. The pod's
   counters are reported, not held.
-- **The kernel's own spread.** Each scenario is measured more than once; a run
-  agrees when the model is within tolerance of at least one of the kernel's
-  measurements of it. Two measurements of the same run differ by the kernel's
-  run-to-run spread (a batch round whose two threads shared a core for once:
-  p95 116 ms against 64 ms in the same settings), and the model predicts the
-  typical run, not the spread. The spread is reported beside each verdict, and in
-  how many measurements the model agreed (``RunAgreement.agreeing``).
+- **The kernel's own spread.** Each scenario is measured more than once, and the model
+  is judged against the measurements the host left alone (took less than
+  ``LEFT_ALONE_LOST_MS`` from), taken together: a run agrees when the model is within
+  tolerance of at least half of them, the median measurement's verdict (one of two, two
+  of three or four). Two measurements of the same run differ by the kernel's run-to-run
+  spread (a batch round whose two threads shared a core for once: p95 116 ms against
+  64 ms in the same settings), and the model predicts the typical run, not the spread;
+  a model wrong in most measurements does not agree, and measuring again adds one to
+  those it is judged over, not one more chance. Where the host took from every
+  measurement, all are judged (``RunAgreement.disturbed``: a test measures again). The
+  spread is reported beside each verdict, with in how many measurements the model
+  agreed (``RunAgreement.agreeing``) and those the host took from, set aside.
 """
 
 from __future__ import annotations
@@ -75,6 +80,11 @@ LOST_NOTED_MS = 1.0
 """What the host took from a run's tasks, ms, from which a verdict (and ``lab run``) says so."""
 LATENCY_TOLERANCE = 0.15
 LATENCY_FLOOR_MS = 3.0
+LEFT_ALONE_LOST_MS = 50.0
+"""What the host may take from a measurement's tasks (steal, ``lost_ms``), ms, for the
+measurement to judge the model: once, on CI, the open pool at 0.6 CPU measured 27 of 48
+periods throttled in both repeats (the model: 22-24) while the host took 146 and 205 ms
+from its tasks; the runs it took under 50 ms from agreed."""
 
 
 def machine_for(measured: RunFigures, cores: int, other_threads: int = 0) -> Machine:
@@ -267,13 +277,28 @@ class RunAgreement:
     comparisons: tuple[Comparison, ...]
 
     @property
+    def judged(self) -> tuple[Comparison, ...]:
+        """The measurements the model is judged on: those the host left alone (took less
+        than :data:`LEFT_ALONE_LOST_MS` from), or every one where it took from all."""
+        alone = tuple(c for c in self.comparisons if c.lost_ms < LEFT_ALONE_LOST_MS)
+        return alone or self.comparisons
+
+    @property
+    def disturbed(self) -> bool:
+        """The host took from every measurement: none judges the model alone."""
+        return all(c.lost_ms >= LEFT_ALONE_LOST_MS for c in self.comparisons)
+
+    @property
     def agrees(self) -> bool:
-        """Within tolerance of at least one of the kernel's measurements."""
-        return self.agreeing > 0
+        """Within tolerance of at least half the :attr:`judged` measurements, taken
+        together (the median measurement's verdict)."""
+        agreeing = sum(not c.misses for c in self.judged)
+        return 2 * agreeing >= len(self.judged)
 
     @property
     def agreeing(self) -> int:
-        """In how many of the kernel's measurements the model was within tolerance."""
+        """In how many of the kernel's measurements the model was within tolerance (all of
+        them, those the host took from too: reported)."""
         return sum(not c.misses for c in self.comparisons)
 
     @property
@@ -289,10 +314,16 @@ class RunAgreement:
         return max(p95s) - min(p95s)
 
     def describe(self) -> str:
-        """``open-pool / 1.2 CPU: p95 21.2 vs 13.0 ms (machine +2.1) | agrees (…)``."""
+        """``open-pool / 1.2 CPU: p95 21.2 vs 13.0 ms (machine +2.1) | agrees (…)``, and
+        how many measurements were judged and set aside."""
         per = [c.verdict() for c in self.comparisons]
+        judged = len(self.judged)
+        aside = len(self.comparisons) - judged
+        said = (f"agrees in {sum(not c.misses for c in self.judged)} of the {judged} judged"
+                + (f", {aside} the host took from set aside" if aside else "")
+                + (", the host took from every one" if self.disturbed else ""))  # fmt: skip
         return (f"{self.scenario} / {self.spec.label()}: " + " | ".join(per)
-                + f" (kernel's spread: ratio {self.ratio_spread:.3f}, "
+                + f" ({said}; kernel's spread: ratio {self.ratio_spread:.3f}, "
                 f"p95 {self.p95_spread_ms:.1f} ms)")  # fmt: skip
 
 
