@@ -31,6 +31,12 @@ today's limit itself was measured throttled with no more burst than the
 recommendation allows (``LimitOnly``, counters), the bottom is also above
 today's limit. The reason says the range, and that the recommendation is
 refined from the unthrottled evidence once applied (docs/recommend.md).
+
+On a shared node (the threads waited behind other processes) the demand is a range too
+(:mod:`unthrottle.recommend.contention`): the limit is sized to usage + wait, the safe
+end; the chain on usage + throttled time is what it asks for beside the same neighbours
+(the bottom, where it is below the one made from what certainly ran), and the expected
+ratio is simulated on both (``expected_throttle_ratio_range``).
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ import numpy as np
 
 from unthrottle.cfs.series import simulate_series
 from unthrottle.cfs.settings import Bandwidth
+from unthrottle.recommend import contention
 from unthrottle.recommend.estimators import (
     ROUND_TO_MILLICORES,
     Draft,
@@ -141,6 +148,34 @@ def _lower_limit(
     return _finished(draft, policy, current).limit
 
 
+def _shared_lower(
+    found: contention.Split | None,
+    unwaited: Draft,
+    evidence: Evidence,
+    current: Current,
+    policy: Policy,
+    ratio: float | None,
+) -> int | None:
+    """The limit the quota's end of a shared node's demand asks for (the chain on usage +
+    throttled time; for counters, the step without the wait's floor); None on a quiet node.
+    Where today's limit was measured throttled past the target with no more burst than
+    the recommendation allows (``LimitOnly``, counters), beside the same neighbours, it is
+    also above today's limit."""
+    today = current.limit_millicores
+    if isinstance(evidence, CounterEvidence):
+        if evidence.waits is None or evidence.waits.contention_s <= 0:
+            return None
+        return _finished(unwaited, policy, current).limit
+    if found is None:
+        return None
+    draft = _period_chain(found.quota_side, policy)
+    throttled = today is not None and ratio is not None and ratio > policy.target_ratio
+    if throttled and policy.strategy is Strategy.LIMIT_ONLY and draft.limit is not None:
+        assert today is not None
+        draft = draft.but(limit=max(draft.limit, today + ROUND_TO_MILLICORES))
+    return _finished(draft, policy, current).limit
+
+
 def _range_reason(lower: int, upper: int, today: int, ratio: float) -> str:
     return (
         f"made from throttled data ({ratio:.0%} of periods throttled at {today}m): usage + "
@@ -180,22 +215,52 @@ def recommend(evidence: Evidence, current: Current, policy: Policy) -> Recommend
             and policy.strategy is not Strategy.LIMIT_ONLY):  # fmt: skip
         # the burst was sized at the limit before; the order's word holds at this one only
         waited = burst_for_target(waited, evidence, policy.target_ratio)
+    unwaited = draft  # before the wait behind other processes was counted (counters)
     draft = _not_below_usage(waited, evidence, current, policy, ratio)
     draft = _finished(draft, policy, current)
+    found = contention.split(evidence)
     lower = _lower_limit(evidence, current, policy, ratio)
-    if lower is not None and draft.limit is not None and lower < draft.limit:
+    held = _held_for_contention(evidence, draft, current, policy, ratio)
+    # kept on an oversubscribed node: not lowered for what the quota's end asks either
+    shared = None if held else _shared_lower(found, unwaited, evidence, current, policy, ratio)
+    top = draft.limit
+    if top is None or (shared is not None and shared >= top):
+        shared = None  # a step or bound held the top down to it
+    if top is not None and lower is not None and lower < top:
         assert current.limit_millicores is not None and ratio is not None  # _lower_limit's
-        draft = draft.but(reason=_range_reason(lower, draft.limit, current.limit_millicores, ratio))
+        draft = draft.but(reason=_range_reason(lower, top, current.limit_millicores, ratio))
     else:
         lower = None  # a point estimate (or a step or bound held the top down to the bottom)
+    if shared is not None and found is None:  # counters: no windows, no expected ratios
+        draft = draft.but(reason=f"on a shared node the demand is a range: beside the same "
+                          f"neighbours it asks for about {shared}m (without the wait behind "
+                          f"other processes), if the node goes quiet up to {top}m, the end "
+                          "it is sized to")  # fmt: skip
+    # the bottom: what certainly ran, or the quota's end of a shared node's demand, whichever
+    # is less (the quota's end is usage + throttled time: an upper bound too, when censored)
+    lower = min((x for x in (lower, shared) if x is not None), default=None)
     gomaxprocs, jvm, notes = processors(draft.limit, current, policy)
-    expected = _expected_ratio(evidence, draft, current.period_us)
-    if _held_for_contention(evidence, draft, current, policy, ratio):
+    expected = simulated = _expected_ratio(evidence, draft, current.period_us)
+    low = simulated if found is None else _expected_ratio(found.quota_side, draft,
+                                                          current.period_us)  # fmt: skip
+    if held:
         # nothing changes, and the demand that would throttle it (the wait behind others)
         # is not the quota's: today's measure is the expectation (the demo beside a hog
-        # read "expected 100 %" at a limit the kernel throttled 0–0.4 % of periods)
-        expected = ratio
-    if expected is not None and expected > policy.target_ratio:
+        # read "expected 100 %" at a limit the kernel throttled 0–0.4 % of periods); the
+        # simulated one, with the wait, is what a quiet node would bring: the range's top
+        expected = low = ratio
+    span = contention.ratio_range(low, simulated if found is not None else expected)
+    if found is not None and span is not None and draft.limit is not None:
+        draft = draft.but(reason=contention.reason(
+            found, limit=draft.limit, expected=span,
+            lower_limit=shared, upper_limit=draft.limit))  # fmt: skip
+    if span is not None and expected is not None and expected > policy.target_ratio >= span[0]:
+        draft = draft.but(
+            reason=f"the target {policy.target_ratio:g} is met beside the same neighbours "
+            f"(expected {span[0]:.3f}) and not if the node goes quiet (expected "
+            f"{span[1]:.3f}): a bound or a step above held it back"
+        )
+    elif expected is not None and expected > policy.target_ratio:
         draft = draft.but(
             reason=f"the target {policy.target_ratio:g} is not met under this recommendation "
             f"(expected {expected:.3f}): a bound, a step or an oversubscribed node above held "
@@ -208,6 +273,7 @@ def recommend(evidence: Evidence, current: Current, policy: Policy) -> Recommend
         gomaxprocs=gomaxprocs,
         jvm_processors=jvm,
         expected_throttle_ratio=expected,
+        expected_throttle_ratio_range=span,
         current_throttle_ratio=ratio,
         confidence=confidence(evidence) if not _empty(evidence) else 0.0,
         reasons=[*draft.reasons, *notes],

@@ -158,6 +158,11 @@ class PeriodEvidence:
     """The order the histogram lost, where the agent exported it: how often the demand
     above a few levels, carried from window to window, passed a few thresholds
     (:mod:`unthrottle.cfs.backlog`). A burst is offered only where it bounds the ratio."""
+    quota_demand_us: npt.NDArray[np.int64] | None = None
+    """Per-period demand without the wait behind other processes, in the order of
+    ``demand_us``: usage + the quotas' stall, what the quota hid (the lab measures it
+    period by period). None where only the sum was kept (the agent's histogram): the
+    engine then takes ``waits.contention_s`` out of every window in proportion."""
 
     @property
     def periods(self) -> int:
@@ -231,6 +236,12 @@ class Recommendation:
     bound (usage + throttled time overstates demand), and the smallest limit that meets
     the target lies in [``lower_limit_millicores``, ``limit_millicores``], the bottom always
     below the top. None: a point estimate (the evidence shows demand itself)."""
+    expected_throttle_ratio_range: tuple[float, float] | None = None
+    """The expected ratio as a range over the demand (docs/recommend.md, "Busy nodes"):
+    from what the quota hid (usage + throttled time: the node stays as busy) to what the
+    threads wanted under contention (usage + wait: the node goes quiet). Both ends equal
+    where the threads waited behind no other process; None: counters only.
+    ``expected_throttle_ratio`` is the top, the end the limit is sized to."""
 
     @property
     def is_range(self) -> bool:
@@ -246,13 +257,17 @@ class Recommendation:
 
     def to_json(self) -> dict[str, object]:
         """The fields every output carries (``lab tune --json``, ``recommend --format json``);
-        ``lower_limit_millicores`` only where the limit is the top of a range."""
+        ``lower_limit_millicores`` only where the limit is the top of a range;
+        ``expected_throttle_ratio_range`` as ``[lo, hi]`` (null: counters only)."""
         out: dict[str, object] = {
             "limit_millicores": self.limit_millicores,
             "burst_us": self.burst_us,
             "gomaxprocs": self.gomaxprocs,
             "jvm_processors": self.jvm_processors,
             "expected_throttle_ratio": self.expected_throttle_ratio,
+            "expected_throttle_ratio_range": None
+            if self.expected_throttle_ratio_range is None
+            else list(self.expected_throttle_ratio_range),
             "confidence": self.confidence,
             "reasons": list(self.reasons),
             "uncapped_limit_millicores": self.uncapped_limit_millicores,
