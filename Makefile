@@ -87,9 +87,10 @@ controlplane: $(STAMP)
 	  else echo "the real node's runc needs libseccomp-dev and pkg-config: install them as root"; fi; }
 	$(BIN)/python -m unthrottle.devtools.kube build >/dev/null
 
-## Lint, types, architecture contracts, then the whole test suite.
+## Lint, types, architecture contracts, then the whole test suite (its 30 slowest tests
+## listed at the end: where the suite's time goes).
 test: $(STAMP) prometheus victoria-metrics browser controlplane check
-	$(BIN)/pytest
+	$(BIN)/pytest --durations=30
 
 check: $(STAMP)
 	$(BIN)/ruff check operator tests bench demo
