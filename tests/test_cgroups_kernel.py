@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from missing import MISSING
 from unthrottle.cfs import Bandwidth
 from unthrottle.cgroups import Cgroup, CgroupError, Layout
 
@@ -48,7 +49,7 @@ def test_a_quota_under_the_burst_in_force_is_refused_and_changes_nothing(cgroup:
     """What an in-place resize meets: the kubelet writes only the quota, and this kernel
     refuses one under the burst the agent wrote (EINVAL); the settings stay as they were."""
     if not cgroup.supports_burst():
-        pytest.skip("this kernel has no CPU burst (Linux 5.14+)")
+        pytest.skip(f"{MISSING} this kernel has no CPU burst (Linux 5.14+)")
     cgroup.write_bandwidth(Bandwidth(80_000, 100_000, 60_000))
     with pytest.raises(CgroupError, match="EINVAL"):
         cgroup.write_quota(40_000)
@@ -61,7 +62,7 @@ def test_a_quota_write_keeps_the_burst_so_burst_first_then_quota_lowers_both(
     """The order unthrottle's InPlace uses: lower the burst, then the quota; raise the quota,
     then the burst. Each write leaves the other setting as it was."""
     if not cgroup.supports_burst():
-        pytest.skip("this kernel has no CPU burst (Linux 5.14+)")
+        pytest.skip(f"{MISSING} this kernel has no CPU burst (Linux 5.14+)")
     cgroup.write_bandwidth(Bandwidth(80_000, 100_000, 60_000))
     cgroup.write_burst(20_000)
     cgroup.write_quota(40_000)

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
+from missing import MISSING
 
 DOCKERFILE = ROOT / "Dockerfile"
 HADOLINT = Path(sys.executable).with_name("hadolint")
@@ -221,7 +222,7 @@ def test_the_wheel_builds_from_exactly_the_docker_build_context(tmp_path: Path) 
                           str(context)], capture_output=True, text=True, check=False)  # fmt: skip
     offline = r"Could not find a version|NewConnectionError|Max retries|Temporary failure"
     if out.returncode != 0 and re.search(offline, out.stderr):
-        pytest.skip(f"PyPI unreachable for the build backend: {out.stderr.strip()[-200:]}")
+        pytest.skip(f"{MISSING} PyPI, for the build backend: {out.stderr.strip()[-200:]}")
     assert out.returncode == 0, out.stderr
     (wheel,) = (tmp_path / "wheels").glob(f"{PROJECT['project']['name']}-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
