@@ -215,6 +215,12 @@ again, at most :data:`MORE_MEASUREMENTS` times (``tests/test_lab_seeds.py``'s
 ``REMEASURE_LOST_MS``). Once on CI the host took about 1 s of the 3 s from the hog's CPU
 (2.5 s over the test, both CPUs): usage read 0.99 and 0.94 s, wait 1.59 and 1.56 s."""
 MORE_MEASUREMENTS = 2
+STOLEN_ALLOWED_S = 2.0
+"""The most steal (the thread's CPU, over its 8 s) the Prometheus test's median may be
+excused for: the floor 0.75 x (1 - stolen / 8) stops at 0.56 core. Past it the workload is
+measured again, at most :data:`MORE_MEASUREMENTS` times, then the test fails saying what
+the host took (once 3.6 s of steal read the median at 0.64, before the workload waited for
+Prometheus's first scrape)."""
 
 
 def scrape(agent: str) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -348,12 +354,18 @@ def test_a_real_prometheus_scrapes_the_agent_and_promql_sees_the_demand(
         # that the 8 s range below holds the workload's windows, not mostly the idle ones
         # after it (scraped from its 6th second on, the median read 0.68 and 0.72)
         prom.until_scraped("agent")
-        with Isolation(workload.layout):  # Prometheus and the agent are this test's: kept
-            stolen_before = steal_ms(cpu=CPU)
-            workload.start(seconds=8, cpu=CPU)
-            workload.finish()
-            stolen = (steal_ms(cpu=CPU) - stolen_before) / 1e3
-        time.sleep(2)  # the last scrape after the workload ended
+        for _ in range(1 + MORE_MEASUREMENTS):
+            with Isolation(workload.layout):  # Prometheus and the agent are this test's: kept
+                stolen_before = steal_ms(cpu=CPU)
+                workload.start(seconds=8, cpu=CPU)
+                workload.finish()
+                stolen = (steal_ms(cpu=CPU) - stolen_before) / 1e3
+            time.sleep(2)  # the last scrape after the workload ended
+            if stolen <= STOLEN_ALLOWED_S:
+                break
+            print(f"measured again: the host took {stolen:.1f} s of the thread's 8 s")
+        # past the cap the median is the host's: measured again above, else fail saying so
+        assert stolen <= STOLEN_ALLOWED_S, f"the host took {stolen:.1f} s of the thread's 8 s"
         query = (
             "histogram_quantile(0.5, sum by (le) (increase("
             f'unthrottle_cpu_demand_cores_bucket{{pod=~".*{CID}"}}[8s])))'
@@ -389,7 +401,7 @@ def test_a_real_prometheus_scrapes_the_agent_and_promql_sees_the_demand(
     found = {(r["metric"].get("level"), r["metric"].get("over")): float(r["value"][1])
              for r in json.loads(backlog_body)["data"]["result"]}  # fmt: skip
     active = found[(None, None)]
-    assert active >= 10, found  # windows with demand (fewer than 80 where the sampler ran late)
+    assert active >= 40, found  # windows with demand (fewer than 80 where the sampler ran late)
     assert found[("0.5", "2")] >= 0.5 * active, found
     assert found[("2", "0")] == 0 and found[("8", "0")] == 0, found
 

@@ -14,6 +14,8 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import pytest
 
@@ -50,13 +52,47 @@ STEAL_RESOLUTION_MS = 10.0
 one tick of what the host took."""
 
 
+STOLEN_ALLOWED_MS = 50.0
+"""The most steal of the worker's CPU a measurement here may be excused for (the lab's
+``REMEASURE_LOST_MS``): past it the measurement is the host's, and it is taken again, at
+most :data:`MORE_MEASUREMENTS` times, then the test fails saying what the host took."""
+MORE_MEASUREMENTS = 2
+
+
 def host_took_at_most(stolen_ms: float) -> float:
     """What the host may have taken from the worker's CPU, by its steal counter's change
-    (``stolen_ms``), ms: up to a tick more than the counter moved, since a difference of
-    two readings of a tick counter hides up to a tick (beside a hog in CI a 20 ms task lost
-    3.9 ms while the counter held still; once a task stopped for 60 ms lost 72.6 ms beside
-    30 ms of steal)."""
+    (``stolen_ms``, at most :data:`STOLEN_ALLOWED_MS`), ms: up to a tick more than the
+    counter moved, since a difference of two readings of a tick counter hides up to a tick
+    (beside a hog in CI a 20 ms task lost 3.9 ms while the counter held still; once a task
+    stopped for 60 ms lost 72.6 ms beside 30 ms of steal)."""
+    assert stolen_ms <= STOLEN_ALLOWED_MS, f"the host took {stolen_ms:.0f} ms of the worker's CPU"
     return stolen_ms + STEAL_RESOLUTION_MS
+
+
+def left_alone(measure: Callable[[], Measured]) -> Measured:
+    """A measurement, taken again (at most :data:`MORE_MEASUREMENTS` times) while the host
+    took more than :data:`STOLEN_ALLOWED_MS` of the worker's CPU during it."""
+    measured = measure()
+    for _ in range(MORE_MEASUREMENTS):
+        if measured.stolen_ms <= STOLEN_ALLOWED_MS:
+            break
+        print(f"measured again: the host took {measured.stolen_ms:.0f} ms of the worker's CPU")
+        measured = measure()
+    return measured
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One task: its latency and what the lab counted lost, ms; the steal of the worker's
+    CPU meanwhile, ms; and the other figures of the measurement."""
+
+    latency_ms: float
+    lost_ms: float
+    stolen_ms: float
+    waited_ms: float = 0.0
+    throttled: int = 0
+    stop: tuple[float, float] = (0.0, 0.0)
+    """A stop's shortest and longest span (:class:`Stopper`), ms."""
 
 
 class Stopper(threading.Thread):
@@ -93,25 +129,34 @@ def test_a_stopped_task_counts_what_it_lost() -> None:
     with Workers(1) as workers:
         pid = workers.pids[0]
         os.sched_setaffinity(pid, {CPU})
-        stolen = steal_ms(cpu=CPU)
-        latency, lost = task(workers, 20)  # nothing taken
-        stolen = steal_ms(cpu=CPU) - stolen
-        assert lost < 2 + host_took_at_most(stolen), (latency, lost, stolen)
-        stopper = Stopper(pid)
-        stopper.start()
-        waited, stolen = run_delay_ms(pid), steal_ms(cpu=CPU)
-        latency, lost = task(workers, 50)
-        waited, stolen = run_delay_ms(pid) - waited, steal_ms(cpu=CPU) - stolen
-        stopper.join()
-    stop = (stopper.inner_ms, stopper.outer_ms)
-    print(latency, lost, waited, stop, stolen)
-    assert latency >= 50 + stopper.inner_ms
+
+        def quiet() -> Measured:
+            stolen = steal_ms(cpu=CPU)
+            latency, lost = task(workers, 20)  # nothing taken
+            return Measured(latency, lost, steal_ms(cpu=CPU) - stolen)
+
+        def stopped() -> Measured:
+            stopper = Stopper(pid)
+            stopper.start()
+            waited, stolen = run_delay_ms(pid), steal_ms(cpu=CPU)
+            latency, lost = task(workers, 50)
+            waited, stolen = run_delay_ms(pid) - waited, steal_ms(cpu=CPU) - stolen
+            stopper.join()
+            return Measured(latency, lost, stolen, waited, stop=(stopper.inner_ms,
+                                                                 stopper.outer_ms))  # fmt: skip
+
+        first = left_alone(quiet)
+        run = left_alone(stopped)
+    assert first.lost_ms < 2 + host_took_at_most(first.stolen_ms), first
+    print(run)
+    inner, outer = run.stop
+    assert run.latency_ms >= 50 + inner
     # the stop as long as it was (quiet: lost within 0.1 ms of it), and what the host took
-    assert stopper.inner_ms - 1 <= lost, (latency, lost, stop)
-    assert lost <= stopper.outer_ms + 2 + host_took_at_most(stolen), (latency, lost, stop, stolen)
+    assert inner - 1 <= run.lost_ms, run
+    assert run.lost_ms <= outer + 2 + host_took_at_most(run.stolen_ms), run
     # The rest is what CFS had: the CPU time, and the wait for a CPU behind other
     # processes (beside a hog in CI the unpinned worker waited 48 ms of it).
-    assert latency - lost - waited == pytest.approx(50, abs=5), (latency, lost, waited)
+    assert run.latency_ms - run.lost_ms - run.waited_ms == pytest.approx(50, abs=5), run
 
 
 def test_a_throttled_task_lost_nothing(layout: Layout) -> None:
@@ -124,14 +169,18 @@ def test_a_throttled_task_lost_nothing(layout: Layout) -> None:
         with Workers(1) as workers:
             os.sched_setaffinity(workers.pids[0], {CPU})
             cg.add_process(workers.pids[0])
-            before, stolen = cg.read_stat(), steal_ms(cpu=CPU)
-            latency, lost = task(workers, 30)
-            throttled = cg.read_stat().nr_throttled - before.nr_throttled
-            stolen = steal_ms(cpu=CPU) - stolen
+
+            def throttled() -> Measured:
+                before, stolen = cg.read_stat(), steal_ms(cpu=CPU)
+                latency, lost = task(workers, 30)
+                periods = cg.read_stat().nr_throttled - before.nr_throttled
+                return Measured(latency, lost, steal_ms(cpu=CPU) - stolen, throttled=periods)
+
+            run = left_alone(throttled)
     finally:
         tree.cleanup()
-    print(latency, lost, throttled, stolen)
-    assert throttled >= 2 and latency >= 150, (latency, throttled)
+    print(run)
+    assert run.throttled >= 2 and run.latency_ms >= 150, run
     # the quota's 150 ms and more are not lost; what the host took while it ran is (beside
     # a hog in CI: 16.2 ms, with 80 ms of steal over both CPUs)
-    assert lost < 5 + host_took_at_most(stolen), (latency, lost, stolen)
+    assert run.lost_ms < 5 + host_took_at_most(run.stolen_ms), run
