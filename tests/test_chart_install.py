@@ -39,6 +39,7 @@ from chart_on_cluster import (
     service_account_user,
     with_image,
 )
+from conftest import KERNEL_LAYOUT, KERNEL_MISSING
 from kube import Kube, fresh_name
 from kube_faults import FaultProxy
 from missing import MISSING as NOT_INSTALLED
@@ -47,7 +48,14 @@ from prom import PrometheusServer, free_port, requires_prometheus
 from shop import HEALTHY, THROTTLED, deploy, openmetrics
 from test_chart import PROMETHEUS_AUTH, documented_rbac
 from unthrottle.cfs.settings import parse_cpu
-from unthrottle.devtools.kube import BuildError, ControlPlane, ensure_built
+from unthrottle.devtools.kube import (
+    REAL_NODE_TAINT,
+    BuildError,
+    ControlPlane,
+    RealNode,
+    ensure_built,
+    ensure_node_built,
+)
 from unthrottle.devtools.processes import stop
 
 POLICIES = "unthrottle.io/v1alpha1/throttlepolicies"
@@ -560,8 +568,8 @@ def test_with_apply_enabled_every_call_of_the_operator_is_allowed_and_apply_patc
         # pods are kwok's, whose node reports no resources: the API server itself refuses
         # the resize ("Pod running on node without support for resize") and InPlace rolls
         # back. So the pods patch of the final burst (made once a kubelet reports a resize
-        # done) does not come in this run; the operator makes it on the chart's RBAC on the
-        # real node in `make demo` (tests/test_demo_loop.py).
+        # done) does not come in this run: the test after this one makes both on the real
+        # node, on the chart's RBAC.
         kube.patch(DEPLOYMENTS, run.stage, "api", {"spec": {"template": {"metadata": {
             "annotations": {"unthrottle.io/cpu-burst": "app=1ms"}}}}})  # fmt: skip
         kube.rolled_out(run.stage, "api")
@@ -584,6 +592,90 @@ def test_with_apply_enabled_every_call_of_the_operator_is_allowed_and_apply_patc
     assert refused == {}
     used = _least_privilege(run, asked, not_yet=frozenset({("", "pods", "patch")}))
     assert {("apps", "deployments", "patch"), ("", "pods/resize", "patch")} <= used
+
+
+IDLE = """name: idle
+workload: {kind: serial, task_cpu_ms: 2, workers: 1, tasks: 20, think_ms: 98}
+runs: [{}]
+"""
+"""What the real pod runs: 2 % of a core."""
+
+
+@pytest.fixture(scope="module")
+def chart_node(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
+               ) -> Iterator[RealNode]:  # fmt: skip
+    """A real node (a kubelet, containerd and runc) joined to this module's control plane."""
+    if KERNEL_LAYOUT is None:
+        pytest.skip(f"{NOT_INSTALLED} the real node: {KERNEL_MISSING}")
+    try:
+        ensure_node_built()
+    except BuildError as error:
+        pytest.skip(f"{NOT_INSTALLED} the real node cannot be built: {error}")
+    with RealNode(control_plane, tmp_path_factory.mktemp("chart-node")) as node:
+        yield node
+
+
+def _idle_on(node: RealNode, namespace: str) -> dict[str, Any]:
+    """A Deployment of one Burstable pod of the workload image on the real node."""
+    labels = {"app": "idle"}
+    container = {"name": "app", "image": node.images["workload"].name,
+                 "imagePullPolicy": "Never", "args": ["lab", "workload", "/s/scenario.yaml"],
+                 "volumeMounts": [{"name": "s", "mountPath": "/s"}],
+                 "resources": {"requests": {"cpu": "100m"}, "limits": {"cpu": "500m"}}}  # fmt: skip
+    spec = {"nodeSelector": {"kubernetes.io/hostname": node.name},
+            "tolerations": [{**REAL_NODE_TAINT, "operator": "Equal"}],
+            "terminationGracePeriodSeconds": 1, "automountServiceAccountToken": False,
+            "volumes": [{"name": "s", "configMap": {"name": "idle"}}],
+            "containers": [container]}  # fmt: skip
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "idle", "namespace": namespace},
+            "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels}, "spec": spec}}}  # fmt: skip
+
+
+@pytest.mark.kernel
+def test_in_place_the_charts_rbac_resizes_a_real_pod_and_patches_its_burst(
+    kube: Kube, tmp_path: Path, chart_node: RealNode
+) -> None:
+    """What the kwok run above cannot reach: on the real node, the operator's own pod store
+    (``KubePods``) on the chart's RBAC, with Apply and InPlace on, resizes a running pod
+    (pods/resize: the kubelet writes the new quota into its cgroup) and then patches the
+    pod's burst annotation (pods patch), as InPlace does once a kubelet reports a resize
+    done. The pod is the same one, never restarted."""
+    from kubernetes.config import new_client_from_config
+
+    from unthrottle.cgroups import Cgroup
+    from unthrottle.kube.inplace import annotation_patch
+    from unthrottle.kube.pods import KubePods
+    from unthrottle.model.burst import BURST_ANNOTATION
+
+    namespace = kube.namespace
+    values = {"apply": {"enabled": True, "inPlace": {"enabled": True}},
+              "watchNamespaces": [namespace]}  # fmt: skip
+    kube.create("v1/configmaps", {"apiVersion": "v1", "kind": "ConfigMap",
+                                  "metadata": {"name": "idle", "namespace": namespace},
+                                  "data": {"scenario.yaml": IDLE}})  # fmt: skip
+    kube.create(DEPLOYMENTS, _idle_on(chart_node, namespace))
+    (pod,) = kube.pods_of(kube.replicaset_of(kube.rolled_out(namespace, "idle", timeout_s=120)))
+    name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
+    cid = pod["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
+    assert KERNEL_LAYOUT is not None
+    cgroup = Cgroup(KERNEL_LAYOUT, f"{chart_node.cgroup_parent}/kubepods/burstable/pod{uid}/{cid}")
+    assert cgroup.read_bandwidth().quota_us == 50_000
+    with chart_rbac(kube, {"operator": values}) as rbac:
+        config = kube.kubeconfig(tmp_path / "operator.kubeconfig", token=rbac.token())
+        pods = KubePods(new_client_from_config(config_file=str(config)))
+        body = {"spec": {"containers": [{"name": "app", "resources": {
+            "requests": {"cpu": "100m"}, "limits": {"cpu": "700m"}}}]}}  # fmt: skip
+        pods.resize(namespace, name, body)
+        kube.until("the kubelet's new quota in the pod's cgroup", cgroup.read_bandwidth,
+                   lambda bw: bw.quota_us == 70_000, timeout_s=60)  # fmt: skip
+        patched = pods.annotate(namespace, name, annotation_patch(BURST_ANNOTATION, "app=10ms"))
+    assert patched["metadata"]["annotations"][BURST_ANNOTATION] == "app=10ms"
+    now = kube.get("v1/pods", namespace, name)
+    assert now is not None and now["metadata"]["uid"] == uid
+    status = now["status"]["containerStatuses"][0]
+    assert status["containerID"].endswith(cid) and status["restartCount"] == 0, status
 
 
 REPLACE_CONFIGMAPS = ("", "configmaps", "update")
