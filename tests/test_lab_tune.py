@@ -89,9 +89,21 @@ def spared(run: dict[str, Any], period_ms: float = 100.0) -> float:
     return float((run["lost_ms"] + others_ms) / free_ms)
 
 
+SPARED_AT_MOST = 0.25
+"""The share of a run's periods :func:`spared` may count as throttled: past it the run is
+the host's more than the quota's (:func:`spared_too_many`; the CI run above needed 0.1)."""
+
+
 def throttled_but_for_the_host(run: dict[str, Any]) -> float:
-    """A busy thread's throttle ratio counting the periods :func:`spared` as throttled."""
-    return float((run["nr_throttled"] + spared(run)) / run["nr_periods"])
+    """A busy thread's throttle ratio counting the periods :func:`spared` as throttled, at
+    most :data:`SPARED_AT_MOST` of them."""
+    excused = min(spared(run), SPARED_AT_MOST * run["nr_periods"])
+    return float((run["nr_throttled"] + excused) / run["nr_periods"])
+
+
+def spared_too_many(run: dict[str, Any]) -> bool:
+    """The host or other processes could have spared more of its periods than are excused."""
+    return spared(run) > SPARED_AT_MOST * run["nr_periods"]
 
 
 def assert_small(result: dict[str, Any]) -> None:
@@ -122,7 +134,12 @@ def test_tune_brings_a_throttled_workload_under_the_target_where_vpa_does_not() 
         tuned: dict[str, Any] = json.loads(out.stdout)
         return tuned
 
-    result = judged(run_tune, lambda tuned: final_run(tuned)["throttle_ratio"] > MET)
+    def misses(tuned: dict[str, Any]) -> bool:
+        vpa = next(b["after"] for b in tuned["baselines"] if b["name"] == "vpa")
+        return bool(final_run(tuned)["throttle_ratio"] > MET
+                    or spared_too_many(tuned["before"]) or spared_too_many(vpa))  # fmt: skip
+
+    result = judged(run_tune, misses)
     assert result["scenario"] == "tune-serial-30ms" and result["target"] == 0.05
     assert set(result["before"]) >= RUN_KEYS and set(result["after"]) >= RUN_KEYS
     rec = result["recommendation"]
