@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,6 +22,15 @@ from conftest import ROOT
 from prom import requires_prometheus
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow, requires_prometheus]
+
+
+def waited(figures: dict[str, Any]) -> tuple[float, float]:
+    """Where a container's threads waited over a measurement of the demo, seconds: on its
+    quotas (its cgroup's and its pod's throttled time), and behind other processes (the
+    agent's count of its wait, the schedstat run delay, less that)."""
+    assert figures["agent_wait_s"] is not None, ("the agent's wait was not scraped", figures)
+    on_quota = figures["throttled_s"] + figures["pod_throttled_s"]
+    return on_quota, max(0.0, figures["agent_wait_s"] - on_quota)
 
 
 def test_the_demo_resizes_real_pods_and_reports_what_the_kernel_measured(
@@ -64,21 +74,30 @@ def test_the_demo_resizes_real_pods_and_reports_what_the_kernel_measured(
         missed = max(after["throttle_ratio"], after["pod_throttle_ratio"]) > doc["target"]
         said = [m for m in doc["misses"] if m.startswith(f"{name}: its")]
         assert missed == bool(said), doc["misses"]
+        # whether resized or left, the kernel's counters of its container and of its pod
+        # cgroup meet the target after the operator's Apply run (README: "0 % after")
+        assert after["throttle_ratio"] <= doc["target"], (name, after, doc["misses"])
+        assert after["pod_throttle_ratio"] <= doc["target"], (name, after, doc["misses"])
         if name in doc["left"]:
-            # left as it is by Apply mode: only where its quota did not throttle it over the
-            # operator's window and its threads waited mostly behind other processes (a node
-            # busy with other work: docs/recommend.md, "Busy nodes"), with the reason
+            # left as it is by Apply mode: the documented case of a node busy with other
+            # work (docs/recommend.md, "Busy nodes"), held to what the demo measured, not
+            # to the operator's word alone: today its threads waited behind other processes
+            # longer than on its quotas (the agent's wait less the container's and the pod's
+            # throttled time), and the kernel did not throttle it past the target (above)
             left = doc["left"][name]
             assert left["state"] == "UpToDate", left
             assert left["throttle_ratio"] <= doc["target"], left
             assert any("the node is oversubscribed" in r for r in left["reasons"]), left
             assert after["limit_millicores"] == before["limit_millicores"], name
+            on_quota, behind_others = waited(before)
+            why = f"behind others {behind_others:.1f} s, on its quotas {on_quota:.1f} s"
+            assert behind_others > on_quota, (name, why, before)
             continue
-        # throttled today (in the container's counters), and so given more
+        # throttled today (in the container's counters), and so given more: the operator's
+        # own verdict on its canary is that it applied (a rollback is a miss)
         assert before["throttle_ratio"] > doc["target"], (name, figures)
         assert after["limit_millicores"] > before["limit_millicores"], name
-        # the operator's own verdict on its canary
-        assert doc["verdicts"][name]["verdict"] in {"Applied", "RolledBack"}, doc["verdicts"]
+        assert doc["verdicts"][name]["verdict"] == "Applied", doc["verdicts"]
     # the demo resizes at least one running pod (the pool is throttled at 600m even beside
     # a CPU hog)
     assert len(doc["left"]) < len(doc["workloads"]), doc["left"]
