@@ -313,6 +313,7 @@ workloads:
     recommended: {cpuLimit: "900m", cpuLimitLowerBound: "610m", burst: "20ms", gomaxprocs: 2}
     throttleRatio: 0.41
     expectedThrottleRatio: 0.02
+    expectedThrottleRatioRange: [0.02, 0.02]
     confidence: 0.93
     evidence: period
     reason: "throttled"

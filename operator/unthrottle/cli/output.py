@@ -16,7 +16,7 @@ from rich.text import Text
 from unthrottle.cfs.figures import RunFigures
 from unthrottle.cli.text import cell, plain
 from unthrottle.lab.agreement import LOST_NOTED_MS, cfs_latency
-from unthrottle.lab.tune import TuneResult
+from unthrottle.lab.tune import TuneResult, throttle_ratio
 from unthrottle.model.scenario import Scenario
 
 
@@ -141,6 +141,13 @@ def print_tune(result: TuneResult) -> None:
     console = Console(emoji=False, highlight=False)
     console.width = max(console.width, 120)
     console.print(tune_table(result))
+    first = result.recommendation
+    if first.expected_throttle_ratio_range is not None:  # what a reviewer read before Apply
+        low, high = first.expected_throttle_ratio_range
+        measured = throttle_ratio(result.after)
+        console.print(Text(f"first answer {first.limit_millicores}m: expected throttle ratio "
+                           f"{low:.3f}–{high:.3f} (beside the same neighbours – if the node "
+                           f"goes quiet), measured {measured:.3f}"))  # fmt: skip
     rec, _ = result.final
     console.print(Text(f"expected throttle ratio {rec.expected_throttle_ratio}, "
                        f"confidence {rec.confidence} ({rec.confidence_label})"))  # fmt: skip

@@ -87,6 +87,14 @@ class ContainerStatus(_Status):
         le=1,
         description="The model's ratio under the recommendation; null: counters only.",
     )
+    expected_throttle_ratio_range: list[Annotated[float, Field(ge=0, le=1)]] | None = Field(
+        None,
+        min_length=2,
+        max_length=2,
+        description="[beside the same neighbours, if the node goes quiet]: the expected ratio "
+        "over the demand on a shared node, from usage + throttled time to usage + wait (the "
+        "end the limit is sized to); equal ends on a quiet node; null: counters only.",
+    )
     confidence: float = Field(0.0, ge=0, le=1, description="0-1: how much evidence there was.")
     evidence: Literal["period", "counters", "none"] = Field(
         "none",

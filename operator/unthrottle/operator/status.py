@@ -64,6 +64,9 @@ def container_status(c: ContainerResult) -> dict[str, Any]:
         "expectedThrottleRatio": None
         if rec is None or rec.expected_throttle_ratio is None
         else round(rec.expected_throttle_ratio, 4),
+        "expectedThrottleRatioRange": None
+        if rec is None or rec.expected_throttle_ratio_range is None
+        else [round(end, 4) for end in rec.expected_throttle_ratio_range],
         "confidence": 0.0 if rec is None else round(rec.confidence, 3),
         "evidence": c.evidence,
         "reason": (rec.reasons[-1] if rec and rec.reasons else "")

@@ -39,13 +39,33 @@ def _side(ratio: float | None, span_s: int) -> str:
     return f"{units.pct(ratio)} over {units.duration(span_s)}"
 
 
-def _why(a: Applied, ac: AppliedContainer) -> str:
+def _why(a: Applied, ac: AppliedContainer, w: Workload) -> str:
     parts = [a.reason] if a.reason else []
     if ac.verified_ratio is not None:
         parts.append(f"verification measured {units.pct(ac.verified_ratio)}")
     if ac.expected_ratio is not None:
         parts.append(f"{units.pct(ac.expected_ratio)} expected")
+    step = _next_step(ac, w)
+    if step:
+        parts.append(step)
     return "; ".join(parts)
+
+
+def _next_step(ac: AppliedContainer, w: Workload) -> str:
+    """The recommendation since the change, where it moves the applied limit: the second
+    step (refined from the evidence since, unthrottled; docs/recommend.md, "Busy nodes")."""
+    found = [c for c in w.containers if c.name == ac.name and c.recommendation is not None]
+    if not found:
+        return ""
+    rec = found[0].recommendation
+    assert rec is not None
+    applied, now = ac.after.limit_millicores, rec.limit_millicores
+    if now is None or applied is None or now == applied:
+        return ""
+    return (
+        f"next step {units.cpu(applied)} → {units.cpu(now)}, from the evidence since "
+        f"({units.expected(rec.expected_throttle_ratio, rec.expected_range())} expected)"
+    )
 
 
 def applied_rows(
@@ -63,4 +83,4 @@ def applied_rows(
             method = a.method + (f", canary {a.canary}" if a.canary else "")
             yield w, a, ac, (w.key, ac.name, _settings(ac.before, ac.after), when, method,
                              _side(ac.ratio_before, ac.span_s), _side(ac.ratio_after, ac.span_s),
-                             verdict, _why(a, ac))  # fmt: skip
+                             verdict, _why(a, ac, w))  # fmt: skip

@@ -66,7 +66,8 @@ def _row(rank: int, w: Workload, c: Container, target: float, anchor: str) -> Ro
         Cell(w.key + state, w.key),
         Cell(c.name + ("" if c.managed else " (not managed)"), c.name),
         _num(units.pct(c.throttle_ratio), c.throttle_ratio),
-        _num(units.pct(rec.expected_throttle_ratio) if rec else units.DASH,
+        _num(units.expected(rec.expected_throttle_ratio, rec.expected_range()) if rec
+             else units.DASH,
              rec.expected_throttle_ratio if rec else None),
         _num(units.change(units.cpu(now.limit_millicores),
                           units.limit(limit, rec.lower_limit_millicores if rec else None))
@@ -217,7 +218,8 @@ def render_html(report: Report, *, title: str | None = None, max_plots: int = MA
     worst = []
     for o in s.worst:
         rec = o.container.recommendation
-        after = (f" → {units.pct(rec.expected_throttle_ratio)} expected with "
+        after = (f" → {units.expected(rec.expected_throttle_ratio, rec.expected_range())}"
+                 " expected with "
                  f"{units.cpu(rec.limit_millicores)}"
                  + (f" + {units.burst(rec.burst_us)} burst" if rec.burst_us else "")
                  if rec else "")  # fmt: skip

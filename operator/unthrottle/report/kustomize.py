@@ -115,7 +115,8 @@ def _explain(w: Workload) -> list[str]:
             parts.append(f"GOMAXPROCS {units.count(change.gomaxprocs[0])} → "
                          f"{change.gomaxprocs[1]}")  # fmt: skip
         lines.append(f"#   {c.name}: {', '.join(parts)}; throttled {units.pct(c.throttle_ratio)}"
-                     f" → {units.pct(rec.expected_throttle_ratio)} expected "
+                     f" → {units.expected(rec.expected_throttle_ratio, rec.expected_range())}"
+                     " expected "
                      f"(confidence {rec.confidence:.2f})")  # fmt: skip
         if rec.jvm_processors:
             lines.append(f"#   {c.name}: also set -XX:ActiveProcessorCount={rec.jvm_processors}"

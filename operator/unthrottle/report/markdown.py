@@ -55,7 +55,8 @@ def _summary(report: Report, s: Summary) -> list[str]:
         lines += ["- Worst offenders:"]
         for o in s.worst:
             rec = o.container.recommendation
-            after = (f" → {units.pct(rec.expected_throttle_ratio)} expected with "
+            after = (f" → {units.expected(rec.expected_throttle_ratio, rec.expected_range())}"
+                     " expected with "
                      f"{units.cpu(rec.limit_millicores)}"
                      + (f" + {units.burst(rec.burst_us)} burst" if rec.burst_us else "")
                      if rec else "")  # fmt: skip
@@ -75,7 +76,7 @@ def _row(w: Workload, c: Container, target: float) -> str:
         text(w.key) + (f" ({text(w.state)})" if w.state else ""),
         text(c.name) + ("" if c.managed else " (not managed)"),
         f"**{throttled}**" if c.over(target) else throttled,
-        units.pct(rec.expected_throttle_ratio) if rec else units.DASH,
+        units.expected(rec.expected_throttle_ratio, rec.expected_range()) if rec else units.DASH,
         units.change(units.cpu(now.limit_millicores),
                      units.limit(rec.limit_millicores, rec.lower_limit_millicores))
         if rec and rec.limit_millicores is not None else units.cpu(now.limit_millicores),
@@ -122,7 +123,9 @@ def render_markdown(report: Report, *, title: str | None = None) -> str:
             "wanted per 100 ms window, p50 / p99 / largest. A limit shown with a range "
             "(`1640m (580m–1640m)`) was made from throttled data: it is an upper bound, the "
             "limit the demand itself asks for lies in the range, and the recommendation "
-            "is refined from the unthrottled evidence once applied.",
+            "is refined from the unthrottled evidence once applied. On a shared node the "
+            "expected share is a range too (`99.7 % (0.0–99.7 %)`): beside the same "
+            "neighbours, and if the node goes quiet, the end the limit is sized to.",
             "",
             "| Deployment | container | throttled | expected | limit | burst | GOMAXPROCS "
             "| demand p50 / p99 / max | confidence | evidence | changes |",

@@ -69,6 +69,12 @@ class Advice(_Doc):
     expected_throttle_ratio: float | None = Field(
         ge=0, description="The model's ratio under the recommendation; None: counters only."
     )
+    expected_throttle_ratio_range: tuple[float, float] | None = Field(
+        None,
+        description="The expected ratio as a range over the demand on a shared node: beside "
+        "the same neighbours (usage + throttled time) and if the node goes quiet (usage + "
+        "wait, the end the limit is sized to); equal ends on a quiet node; None: counters.",
+    )
     confidence: float = Field(ge=0, le=1, description="0–1: how much evidence, how fine.")
     reasons: tuple[str, ...] = Field(description="The estimator chain, step by step.")
     uncapped_limit_millicores: int | None = Field(
@@ -80,6 +86,11 @@ class Advice(_Doc):
         description="Set when made from throttled data: the limit is then an upper bound, and "
         "the limit the demand itself asks for lies between this and it.",
     )
+
+    def expected_range(self) -> tuple[float, float] | None:
+        """(beside the same neighbours, if the node goes quiet) when they differ, else None."""
+        span = self.expected_throttle_ratio_range
+        return span if span is not None and span[0] < span[1] else None
 
     def limit_range(self) -> tuple[int, int] | None:
         """(lower, upper) when the limit is the top of a range, else None."""

@@ -135,7 +135,9 @@ TEMPLATE = """<!DOCTYPE html>
 Throttled: share of periods today, and expected under the recommendation. Demand: CPU wanted
 per 100 ms window. A limit with a range, such as 1640m (580m–1640m), was made from throttled
 data: it is an upper bound, what the demand itself asks for lies in the range, and it
-is refined from the unthrottled evidence once applied.</p>
+is refined from the unthrottled evidence once applied. On a shared node the expected share
+is a range too, such as 99.7 % (0.0–99.7 %): beside the same neighbours, and if the node
+goes quiet, the end the limit is sized to.</p>
 <div class="table-wrap">
 <table class="sortable" id="containers">
 <caption>{{ rows | length }} containers of Deployments with evidence</caption>

@@ -23,16 +23,22 @@ from unthrottle.report.units import cpu
 TABLE_COLUMNS = ("namespace", "deployment", "container", "current_limit", "throttle_ratio",
                  "demand_p99_max", "recommended_limit", "burst_ms", "gomaxprocs",
                  "expected_throttle_ratio", "evidence", "confidence", "reason")  # fmt: skip
-"""The table's columns (CSV has every row field)."""
+"""The table's columns (CSV has every row field); the expected ratio's cell holds its range
+on a shared node."""
 CSV_COLUMNS = ("namespace", "deployment", "container", "evidence", "pods", "current_limit",
                "throttle_ratio", "demand_p99_max", "recommended_limit", "burst_ms", "gomaxprocs",
-               "expected_throttle_ratio", "confidence", "reason", "reasons")  # fmt: skip
+               "expected_throttle_ratio", "expected_throttle_ratio_range", "confidence",
+               "reason", "reasons")  # fmt: skip
 """Every row field, in order: the CSV's header, the same with no row (a script reading the
 columns by name reads an empty report too)."""
 
 
 def _ratio(value: float | None) -> str:
     return "" if value is None else f"{value:.3f}"
+
+
+def _span(span: tuple[float, float] | None) -> str:
+    return "" if span is None else f"{span[0]:.3f}–{span[1]:.3f}"
 
 
 def rows(report: Report) -> list[dict[str, Any]]:
@@ -52,6 +58,8 @@ def rows(report: Report) -> list[dict[str, Any]]:
                 "burst_ms": f"{rec.burst_us / 1000:g}" if rec else "",
                 "gomaxprocs": (rec.gomaxprocs or "") if rec else "",
                 "expected_throttle_ratio": _ratio(rec.expected_throttle_ratio) if rec else "",
+                # on a shared node: beside the same neighbours – if the node goes quiet
+                "expected_throttle_ratio_range": _span(rec.expected_range()) if rec else "",
                 "confidence": f"{rec.confidence:.2f}" if rec else "",
                 # the last step that shaped the value (a bound, the burst, the headroom);
                 # JSON, YAML and CSV's "reasons" keep the whole chain
@@ -97,6 +105,8 @@ def render_table(report: Report, *, width: int = 200) -> str:
     for name in TABLE_COLUMNS:
         table.add_column(name.replace("_", " ").replace("p99 max", "p99 / max"), overflow="fold")
     for r in rows(report):
+        if r["expected_throttle_ratio_range"]:  # a shared node's: beside them – node quiet
+            r["expected_throttle_ratio"] += f" ({r['expected_throttle_ratio_range']})"
         table.add_row(*(escape(str(r[c])) for c in TABLE_COLUMNS))  # cluster text is no markup
     console = Console(file=io.StringIO(), width=width)
     console.print(table)

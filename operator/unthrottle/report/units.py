@@ -36,6 +36,14 @@ def pct(ratio: float | None) -> str:
     return DASH if ratio is None else f"{ratio * 100:.1f} %"
 
 
+def expected(ratio: float | None, span: tuple[float, float] | None = None) -> str:
+    """An expected throttle ratio: ``2.0 %``, or ``99.7 % (0.0–99.7 %)`` on a shared node,
+    where it is the top of a range (beside the same neighbours – if the node goes quiet)."""
+    if span is None or ratio is None or span[0] >= span[1]:
+        return pct(ratio)
+    return f"{pct(ratio)} ({span[0] * 100:.1f}–{pct(span[1])})"
+
+
 def burst(us: int) -> str:
     """``20 ms``, ``0.5 ms``, ``0``."""
     return "0" if us == 0 else f"{us / 1000:g} ms"
