@@ -30,7 +30,9 @@ from unthrottle.recommend import Policy, Strategy
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = [*sorted(p for p in (ROOT / "scenarios").glob("tune-*.yaml")
-                  if p.stem != "tune-batch-sidecar"),  # two containers: bench/pod_sidecar.py
+                  # two containers: bench/pod_sidecar.py; beside a neighbour, swept beside
+                  # it: bench/tune_shared.py
+                  if p.stem not in {"tune-batch-sidecar", "tune-open-pool-neighbour"}),
            ROOT / "scenarios" / "seed-002-burst.yaml"]  # fmt: skip
 NOISE = 0.02
 
