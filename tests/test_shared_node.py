@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from unthrottle.lab.agentview import View, as_read
 from unthrottle.operator.status import container_status
 from unthrottle.recommend import (
     CounterEvidence,
@@ -303,3 +304,44 @@ class TestTheReportShowsBothSteps:
         text = str(render(Report.from_scan(replace(scan, workloads=(workload,))), fmt))
         assert "limit 600m → 1200m" in text
         assert "next step 1200m → 960m, from the evidence since" in text
+
+
+class TestAsTheOperatorReadsIt:
+    """The agent's histogram and backlog series (``lab tune --evidence agent``'s view): the
+    wait is taken out in proportion, and the backlog's order, of the whole, holds for the
+    quota's end read at the limit ÷ the share kept. Read on the rebuilt windows themselves,
+    the whole's bound made the quota's end throttled in every period with a burst (the
+    demo's pool: 100.0 % beside the same neighbours at 1200m + 120 ms, 0.0 % measured)."""
+
+    @pytest.mark.parametrize("view", [View.AGENT, View.HISTOGRAM], ids=["backlog", "histogram"])
+    def test_a_step_held_answer_meets_the_target_beside_the_neighbours(self, view: View) -> None:
+        rng = np.random.default_rng(5)
+        quota_side = np.where(rng.random(PERIODS) < 0.03, 200_000, 80_000).astype(np.int64)
+        whole = np.minimum(quota_side + rng.integers(60_000, 100_000, PERIODS), 200_000)
+        waits = Waits(float((quota_side - 60_000).clip(0).sum()) / 1e6,
+                      float((whole - quota_side).sum()) / 1e6)  # fmt: skip
+        ev = as_read(PeriodEvidence(whole, observed_throttle_ratio=0.5, waits=waits,
+                                    quota_demand_us=quota_side), view, threads=2)  # fmt: skip
+        rec = recommend(ev, Current(600), Policy())
+        assert rec.limit_millicores == 1200
+        assert rec.expected_throttle_ratio_range is not None
+        low, high = rec.expected_throttle_ratio_range
+        assert low <= 0.05 and high > 0.9, (rec.burst_us, low, high)
+        assert any("split in proportion" in r for r in rec.reasons)
+
+    def test_with_a_burst_the_quota_end_is_not_held_to_the_wholes_order(self) -> None:
+        # short peaks: a burst confirmed by the backlog at 1470m, the step holds it to 1200m
+        rng = np.random.default_rng(5)
+        quota_side = np.where(rng.random(PERIODS) < 0.05, 140_000, 30_000).astype(np.int64)
+        whole = np.minimum(quota_side + rng.integers(30_000, 60_000, PERIODS)
+                           + np.where(rng.random(PERIODS) < 0.05, 60_000, 0), 200_000)  # fmt: skip
+        waits = Waits(float((quota_side - 60_000).clip(0).sum()) / 1e6,
+                      float((whole - quota_side).sum()) / 1e6)  # fmt: skip
+        ev = as_read(PeriodEvidence(whole, observed_throttle_ratio=0.5, waits=waits,
+                                    quota_demand_us=quota_side), View.AGENT, threads=2)  # fmt: skip
+        rec = recommend(ev, Current(600), Policy())
+        assert rec.limit_millicores == 1200 and rec.burst_us > 0
+        assert rec.uncapped_limit_millicores is not None and rec.uncapped_limit_millicores > 1200
+        assert rec.expected_throttle_ratio_range is not None
+        low, high = rec.expected_throttle_ratio_range
+        assert low <= 0.05 < high  # the whole's backlog read on the quota's end gave 0.13

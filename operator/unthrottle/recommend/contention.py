@@ -50,6 +50,12 @@ class Split:
     waits: Waits
     how: str
     """Which data told them apart, for the reason."""
+    scale: float | None = None
+    """In proportion: the share of each window kept (``quota_side`` is the whole × it).
+    The simulation and the chain are homogeneous (a token bucket with every demand,
+    quota and burst scaled throttles the same windows), so the quota's end is read as the
+    whole at the limit ÷ ``scale``: the order the agent's backlog series keep, which are
+    of the whole, then holds for it too."""
 
     @property
     def share(self) -> float:
@@ -68,18 +74,21 @@ def split(evidence: Evidence) -> Split | None:
     demand = evidence.demand_us
     if evidence.quota_demand_us is not None and evidence.quota_demand_us.size == demand.size:
         lower = np.minimum(evidence.quota_demand_us, demand)
-        how = PER_PERIOD
+        how, scale = PER_PERIOD, None
     else:
         # the histogram's windows stand for all observed periods: its mean is the window's
         total_s = float(demand.mean()) * evidence.observed_periods / 1e6
         keep = max(0.0, 1 - waits.contention_s / total_s) if total_s > 0 else 1.0
         lower = np.floor(demand * keep).astype(np.int64)
         how = FROM_PSI if waits.from_pressure else IN_PROPORTION
+        if keep <= 0:
+            return None
+        scale = keep
     if np.array_equal(lower, demand):
         return None
     quota_side = replace(evidence, demand_us=np.asarray(lower, dtype=np.int64),
                          quota_demand_us=None, waits=None)  # fmt: skip
-    return Split(quota_side, waits, how)
+    return Split(quota_side, waits, how, scale)
 
 
 def ratio_range(low: float | None, high: float | None) -> tuple[float, float] | None:
