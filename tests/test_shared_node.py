@@ -345,3 +345,27 @@ class TestAsTheOperatorReadsIt:
         assert rec.expected_throttle_ratio_range is not None
         low, high = rec.expected_throttle_ratio_range
         assert low <= 0.05 < high  # the whole's backlog read on the quota's end gave 0.13
+
+    def test_throttled_today_the_low_end_is_what_certainly_ran(self) -> None:
+        # usage + throttled time is an upper bound too when throttled past the target: the
+        # demo's pool read 57.5 % at 1200m beside its neighbour from it, the kernel 0 %
+        rng = np.random.default_rng(5)
+        quota_side = np.where(rng.random(PERIODS) < 0.1, 200_000, 120_000).astype(np.int64)
+        whole = np.minimum(quota_side + rng.integers(60_000, 100_000, PERIODS), 200_000)
+        waits = Waits(float((quota_side - 60_000).clip(0).sum()) / 1e6,
+                      float((whole - quota_side).sum()) / 1e6)  # fmt: skip
+
+        def read(ratio: float) -> Recommendation:
+            ev = PeriodEvidence(whole, observed_throttle_ratio=ratio, waits=waits,
+                                quota_demand_us=quota_side)  # fmt: skip
+            return recommend(as_read(ev, View.AGENT, threads=2), Current(600), Policy())
+
+        throttled, calm = read(0.5), read(0.01)
+        assert throttled.limit_millicores == calm.limit_millicores == 1200
+        assert throttled.expected_throttle_ratio_range == (0.0, 1.0)
+        assert any("beside the same neighbours (what certainly ran;" in r
+                   for r in throttled.reasons)  # fmt: skip
+        # not throttled past the target: usage + throttled time is the demand itself
+        assert calm.expected_throttle_ratio_range is not None
+        assert calm.expected_throttle_ratio_range[0] > 0.5
+        assert not any("what certainly ran" in r for r in calm.reasons)

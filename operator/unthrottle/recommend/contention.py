@@ -106,21 +106,25 @@ def reason(
     expected: tuple[float, float],
     lower_limit: int | None,
     upper_limit: int | None,
+    from_ran: bool = False,
 ) -> str:
     """One line: how much of the wait was behind others, the two ends, which data split them.
 
     ``lower_limit``/``upper_limit``: what the quota's end and the whole ask for (None where
-    the limit was not sized from them: today's kept on an oversubscribed node)."""
+    the limit was not sized from them: today's kept on an oversubscribed node); ``from_ran``:
+    the low end is on what certainly ran (throttled past the target today: usage +
+    throttled time is an upper bound too)."""
     w = found.waits
     asks = ""
     if lower_limit is not None and upper_limit is not None and lower_limit < upper_limit:
         asks = f", about {lower_limit}m asked"
     low, high = expected
+    seen = ("what certainly ran; usage + throttled time, an upper bound" if from_ran
+            else "usage + throttled time")  # fmt: skip
     return (
         f"on a shared node the demand is a range: {w.contention_s:.1f} s of the "
         f"{w.contention_s + w.throttled_s:.1f} s its threads waited for a CPU "
         f"({found.share:.0%}) was behind other processes ({found.how}); at {limit}m it is "
-        f"expected throttled in {low:.1%} of periods beside the same neighbours (usage + "
-        f"throttled time{asks}) and {high:.1%} if the node goes quiet (usage + wait, the end "
-        "it is sized to)"
+        f"expected throttled in {low:.1%} of periods beside the same neighbours ({seen}"
+        f"{asks}) and {high:.1%} if the node goes quiet (usage + wait, the end it is sized to)"
     )

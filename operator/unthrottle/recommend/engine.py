@@ -181,6 +181,17 @@ def _shared_lower(
     return _finished(draft, policy, current).limit
 
 
+def _ran_ratio(evidence: Evidence, current: Current, draft: Draft) -> float | None:
+    """The expected ratio at the draft on what certainly ran: each window's demand capped
+    at today's quota (:func:`_lower_limit`'s). At a quota above today's nothing of it is
+    throttled; below, what it must be."""
+    if not isinstance(evidence, PeriodEvidence) or current.limit_millicores is None:
+        return None
+    quota = quota_of(current.limit_millicores, evidence.period_us)
+    ran = replace(evidence, demand_us=np.minimum(evidence.demand_us, quota), backlog=None)
+    return _expected_ratio(ran, draft, evidence.period_us)
+
+
 def _quota_end_ratio(found: contention.Split, draft: Draft, period_us: int) -> float | None:
     """The expected ratio at the draft on the quota's end of the demand. In proportion, the
     agent's backlog series are of the whole, not of it: the burst is held to the order
@@ -255,10 +266,17 @@ def recommend(evidence: Evidence, current: Current, policy: Policy) -> Recommend
                           "it is sized to")  # fmt: skip
     # the bottom: what certainly ran, or the quota's end of a shared node's demand, whichever
     # is less (the quota's end is usage + throttled time: an upper bound too, when censored)
+    ran_bottom = lower is not None and (shared is None or lower <= shared)
     lower = min((x for x in (lower, shared) if x is not None), default=None)
     gomaxprocs, jvm, notes = processors(draft.limit, current, policy)
     expected = simulated = _expected_ratio(evidence, draft, current.period_us)
     low = simulated if found is None else _quota_end_ratio(found, draft, current.period_us)
+    from_ran = False
+    if found is not None and ran_bottom and low is not None:
+        # the bottom is what certainly ran (the quota's end is an upper bound too, when
+        # censored): the expected ratio's low end is on it, as the limit's is
+        ran_low = _ran_ratio(evidence, current, draft) or 0.0
+        from_ran, low = ran_low < low, min(low, ran_low)
     if held:
         # nothing changes, and the demand that would throttle it (the wait behind others)
         # is not the quota's: today's measure is the expectation (the demo beside a hog
@@ -269,7 +287,7 @@ def recommend(evidence: Evidence, current: Current, policy: Policy) -> Recommend
     if found is not None and span is not None and draft.limit is not None:
         draft = draft.but(reason=contention.reason(
             found, limit=draft.limit, expected=span,
-            lower_limit=shared, upper_limit=draft.limit))  # fmt: skip
+            lower_limit=shared, upper_limit=draft.limit, from_ran=from_ran))  # fmt: skip
     if span is not None and expected is not None and expected > policy.target_ratio >= span[0]:
         draft = draft.but(
             reason=f"the target {policy.target_ratio:g} is met beside the same neighbours "
