@@ -54,6 +54,7 @@ from measuring import (
     agent_wait,
     cadvisor_containers,
     compare,
+    expectations,
     honest,
     measure,
     named_by_agent,
@@ -313,10 +314,16 @@ def show_status(found: dict[str, Any]) -> None:
     for w in found.get("workloads", []):
         for c in w["containers"]:
             rec = c["recommended"] or {}
+            span = c.get("expectedThrottleRatioRange") or [c["expectedThrottleRatio"] or 0] * 2
+            shown = (
+                f"{span[1] * 100:.1f} %"
+                if span[0] == span[1]
+                else f"{span[1] * 100:.1f} % ({span[0] * 100:.1f} % beside the same neighbours)"
+            )
             print(f"  {w['deployment']:<6} {w['state']:<11} limit {c['current']['cpuLimit']} → "
                   f"{rec.get('cpuLimit')}, burst {rec.get('burst')}, throttled "
                   f"{(c['throttleRatio'] or 0) * 100:.0f} % of periods → expected "
-                  f"{(c['expectedThrottleRatio'] or 0) * 100:.1f} %  "
+                  f"{shown}  "
                   f"({w['message'] or c['reason']})")  # fmt: skip
 
 
@@ -520,7 +527,9 @@ def on_the_node(layout: Any, folder: Path) -> dict[str, Any]:
         print(f"  the agent named: {', '.join(named)}\n  cAdvisor's series in {NS}: "
               f"{', '.join(cadvisor)} (container \"\": the pod's own cgroup and its pause "
               "container, told apart only by id)")  # fmt: skip
-        results = compare(today, now, before, after, (waits[0], waits[1]))
+        results = compare(
+            today, now, before, after, (waits[0], waits[1]), expectations(recommended)
+        )
         misses = honest(results, recommended)
         for line in misses:
             print(f"  measured: {line}")
