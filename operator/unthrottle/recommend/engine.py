@@ -269,6 +269,38 @@ def recommend(evidence: Evidence, current: Current, policy: Policy) -> Recommend
     ran_bottom = lower is not None and (shared is None or lower <= shared)
     lower = min((x for x in (lower, shared) if x is not None), default=None)
     gomaxprocs, jvm, notes = processors(draft.limit, current, policy)
+    draft, expected, span = _expectation(evidence, current, policy, draft, found, shared,
+                                         ran_bottom=ran_bottom, held=held, ratio=ratio)  # fmt: skip
+    return Recommendation(
+        limit_millicores=draft.limit,
+        burst_us=draft.burst_us,
+        period_us=current.period_us,
+        gomaxprocs=gomaxprocs,
+        jvm_processors=jvm,
+        expected_throttle_ratio=expected,
+        expected_throttle_ratio_range=span,
+        current_throttle_ratio=ratio,
+        confidence=confidence(evidence) if not _empty(evidence) else 0.0,
+        reasons=[*draft.reasons, *notes],
+        uncapped_limit_millicores=uncapped,
+        lower_limit_millicores=lower,
+    )
+
+
+def _expectation(
+    evidence: Evidence,
+    current: Current,
+    policy: Policy,
+    draft: Draft,
+    found: contention.Split | None,
+    shared: int | None,
+    *,
+    ran_bottom: bool,
+    held: bool,
+    ratio: float | None,
+) -> tuple[Draft, float | None, tuple[float, float] | None]:
+    """The expected ratio (the end the limit is sized to), its range over a shared node's
+    demand, and the reasons they call for."""
     expected = simulated = _expected_ratio(evidence, draft, current.period_us)
     low = simulated if found is None else _quota_end_ratio(found, draft, current.period_us)
     from_ran = False
@@ -300,20 +332,7 @@ def recommend(evidence: Evidence, current: Current, policy: Policy) -> Recommend
             f"(expected {expected:.3f}): a bound, a step or an oversubscribed node above held "
             "it back"
         )
-    return Recommendation(
-        limit_millicores=draft.limit,
-        burst_us=draft.burst_us,
-        period_us=current.period_us,
-        gomaxprocs=gomaxprocs,
-        jvm_processors=jvm,
-        expected_throttle_ratio=expected,
-        expected_throttle_ratio_range=span,
-        current_throttle_ratio=ratio,
-        confidence=confidence(evidence) if not _empty(evidence) else 0.0,
-        reasons=[*draft.reasons, *notes],
-        uncapped_limit_millicores=uncapped,
-        lower_limit_millicores=lower,
-    )
+    return draft, expected, span
 
 
 def _not_below_usage(
