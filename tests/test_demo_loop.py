@@ -21,6 +21,9 @@ import pytest
 from conftest import ROOT
 from prom import requires_prometheus
 
+sys.path.insert(0, str(ROOT / "demo"))
+from measuring import SPREAD
+
 pytestmark = [pytest.mark.kernel, pytest.mark.slow, requires_prometheus]
 
 
@@ -74,6 +77,13 @@ def test_the_demo_resizes_real_pods_and_reports_what_the_kernel_measured(
         missed = max(after["throttle_ratio"], after["pod_throttle_ratio"]) > doc["target"]
         said = [m for m in doc["misses"] if m.startswith(f"{name}: its")]
         assert missed == bool(said), doc["misses"]
+        # what a reviewer read before Apply, the expected range in the policy's status,
+        # holds what the kernel then counted, within the demo's stated spread (issue 41)
+        span = figures["expected_throttle_ratio_range"]
+        assert span is not None, (name, doc["recommended"])
+        low, high = span
+        assert low - SPREAD <= after["throttle_ratio"] <= high + SPREAD, (name, span, after)
+        assert not [m for m in doc["misses"] if m.startswith(f"{name}: the operator expected")]
         # whether resized or left, the kernel's counters of its container and of its pod
         # cgroup meet the target after the operator's Apply run (README: "0 % after")
         assert after["throttle_ratio"] <= doc["target"], (name, after, doc["misses"])
