@@ -22,7 +22,7 @@ WORKDIR /src
 # What the build backend needs, as pyproject.toml says: the project table, its readme, and
 # the source root of [tool.setuptools.packages.find] (.dockerignore keeps the rest out).
 COPY pyproject.toml README.md ./
-COPY operator ./operator
+COPY src ./src
 # The runtime dependencies only, resolved from pyproject.toml: the `test` extra is for CI.
 RUN pip wheel --wheel-dir /wheels . \
  && python -m venv /opt/unthrottle \

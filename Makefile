@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo demo-lab test check bench clean venv prometheus victoria-metrics browser controlplane
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml lab/pyproject.toml
 	@test -n "$(PYTHON)" || { echo "unthrottle needs Python >= 3.11: install python3.11 (or newer) and run make again, or say PYTHON=/path/to/python3.11"; exit 1; }
 	@$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	  else echo "$(PYTHON) cannot make a virtualenv: run 'apt-get install python3-venv' as root, then make again"; exit 1; fi; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test]' -e ./lab
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -35,9 +35,9 @@ demo: $(STAMP) prometheus browser controlplane
 ## The earlier demos: the seed scenarios on this kernel and the model's prediction of them,
 ## then `unthrottle recommend` on a day of a small shop's history in a real Prometheus.
 demo-lab: $(STAMP) prometheus
-	@if [ "$$(id -u)" = 0 ]; then $(BIN)/unthrottle lab run scenarios/seed-*.yaml; \
+	@if [ "$$(id -u)" = 0 ]; then $(BIN)/unthrottle-lab run scenarios/seed-*.yaml; \
 	else echo "lab run needs root (it creates cgroups); showing the model only"; fi
-	$(BIN)/unthrottle simulate scenarios/seed-*.yaml
+	$(BIN)/unthrottle-lab simulate scenarios/seed-*.yaml
 	$(BIN)/python demo/recommend_demo.py
 
 ## The real Prometheus server the tests and the demo use (Debian's package; root installs it).
@@ -85,7 +85,7 @@ controlplane: $(STAMP)
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	      --no-install-recommends libseccomp-dev pkg-config iproute2 >/dev/null; \
 	  else echo "the real node's runc needs libseccomp-dev and pkg-config: install them as root"; fi; }
-	$(BIN)/python -m unthrottle.devtools.kube build >/dev/null
+	$(BIN)/python -m unthrottle_lab.kube build >/dev/null
 
 ## Lint, types, architecture contracts, then the whole test suite (its 30 slowest tests
 ## listed at the end: where the suite's time goes).
@@ -93,9 +93,9 @@ test: $(STAMP) prometheus victoria-metrics browser controlplane check
 	$(BIN)/pytest --durations=30
 
 check: $(STAMP)
-	$(BIN)/ruff check operator tests bench demo
-	$(BIN)/ruff format --check operator tests bench demo
-	$(BIN)/mypy operator/unthrottle
+	$(BIN)/ruff check src lab tests bench demo
+	$(BIN)/ruff format --check src lab tests bench demo
+	$(BIN)/mypy src/unthrottle lab/src/unthrottle_lab
 	$(BIN)/lint-imports
 
 bench: $(STAMP)

@@ -4,7 +4,7 @@
                                                  [--save bench/results/agent-api-requests.json]
 
 Starts the real control plane (kube-apiserver, etcd, controller-manager, scheduler, kwok's
-fake nodes; ``unthrottle.devtools.kube``), binds ``--pods`` pods to one fake node, and reads
+fake nodes; ``unthrottle_lab.kube``), binds ``--pods`` pods to one fake node, and reads
 the API server's own counters (``apiserver_request_total`` and
 ``apiserver_longrunning_requests`` for pods, from its ``/metrics``) around three windows of
 ``--seconds`` each:
@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from unthrottle.agent.naming import KubePodSource
-from unthrottle.devtools.kube import ControlPlane, ensure_built
-from unthrottle.devtools.processes import stop
+from unthrottle_lab.children import stop
+from unthrottle_lab.kube import ControlPlane, ensure_built
 
 UNTHROTTLE = Path(sys.executable).parent / "unthrottle"
 _SAMPLE = re.compile(r"^(\w+)\{([^}]*)\}\s+(\S+)$")

@@ -52,10 +52,10 @@ from unthrottle.agent.exposition import render
 from unthrottle.agent.naming import PodInfo, name_cgroups
 from unthrottle.agent.sampling import Sampler
 from unthrottle.agent.settings import AgentSettings
-from unthrottle.cfs import Bandwidth
 from unthrottle.cgroups import Cgroup, Layout, detect_layout
 from unthrottle.cgroups.waits import WaitReader
-from unthrottle.lab.noise import OtherLoad
+from unthrottle.units import Bandwidth
+from unthrottle_lab.noise import OtherLoad
 
 BUSY = (
     "import time\n"

@@ -39,9 +39,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from unthrottle.cfs import Bandwidth
 from unthrottle.cgroups import Cgroup, Layout, detect_layout
-from unthrottle.lab.noise import OtherLoad
+from unthrottle.units import Bandwidth
+from unthrottle_lab.noise import OtherLoad
 
 AGENT = Path(sys.executable).with_name("unthrottle")
 BUSY = (

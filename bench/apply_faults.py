@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/apply_faults.py [--runs 40] [--seed 1] [--save F] [--quick]
 
-A real Kubernetes control plane (``unthrottle.devtools.kube``: etcd, kube-apiserver, the
+A real Kubernetes control plane (``unthrottle_lab.kube``: etcd, kube-apiserver, the
 controller manager, the scheduler and kwok's fake nodes), started once for all runs.
 Each run: three throttled Deployments in a fresh namespace, rolled out by the real
 Deployment controller; a real Prometheus with their history; an Apply policy
@@ -38,10 +38,10 @@ sys.path[:0] = [str(ROOT / "tests")]
 from kube import Kube  # noqa: E402
 from kube_faults import FaultProxy  # noqa: E402
 from shop import Workload, deploy, openmetrics, rehash  # noqa: E402
-from unthrottle.cfs.settings import parse_cpu  # noqa: E402
-from unthrottle.devtools.kube import ControlPlane, ensure_built  # noqa: E402
-from unthrottle.devtools.prometheus import PrometheusServer  # noqa: E402
 from unthrottle.kube.patching import RECORD_ANNOTATION, Record  # noqa: E402
+from unthrottle.units import parse_cpu  # noqa: E402
+from unthrottle_lab.kube import ControlPlane, ensure_built  # noqa: E402
+from unthrottle_lab.prometheus import PrometheusServer  # noqa: E402
 
 NOW = int(time.time()) // 60 * 60
 T0 = NOW - 2 * 3600

@@ -44,12 +44,12 @@ import requests
 from unthrottle.agent.exposition import ACTIVE, BACKLOG
 from unthrottle.agent.sampling import BUCKETS_CORES
 from unthrottle.cfs.backlog import fold
-from unthrottle.devtools.prometheus import PrometheusServer
-from unthrottle.metrics.advise import Job, advise_all, usable_cpus
-from unthrottle.metrics.evidence import CONCURRENCY, fetch, queries
+from unthrottle.evidence.fetching import CONCURRENCY, fetch, queries
 from unthrottle.metrics.promql import AGENT_COUNTERS, any_of, equals, selector
 from unthrottle.metrics.source import PrometheusConfig, PrometheusSource
 from unthrottle.recommend import Current, Policy
+from unthrottle.scan.advise import Job, advise_all, usable_cpus
+from unthrottle_lab.prometheus import PrometheusServer
 
 NAMESPACES = 20
 PODS = 5

@@ -3,7 +3,7 @@
     sudo .venv/bin/python bench/clustered_peaks.py [--repeat 1] \
         [--save bench/results/clustered-peaks.json]
 
-Runs the real command, ``unthrottle lab tune --json --isolate --pin --no-baselines
+Runs the real command, ``unthrottle-lab tune --json --isolate --pin --no-baselines
 --evidence VIEW``, on two scenarios:
 
 - ``scenarios/tune-batch-runs.yaml``: the demo's batch with its peaks in runs of seconds
@@ -31,6 +31,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
+UNTHROTTLE_LAB = Path(sys.executable).with_name("unthrottle-lab")
 SCENARIOS = ("tune-batch-runs", "seed-002-burst")
 VIEWS = ("agent", "histogram")
 
@@ -48,7 +49,7 @@ def summary(rec: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
 
 def tune(scenario: str, view: str) -> dict[str, Any]:
     path = ROOT / "scenarios" / f"{scenario}.yaml"
-    argv = [str(UNTHROTTLE), "lab", "tune", "--json", "--isolate", "--pin", "--no-baselines",
+    argv = [str(UNTHROTTLE_LAB), "tune", "--json", "--isolate", "--pin", "--no-baselines",
             "--evidence", view, str(path)]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=True)
     result = json.loads(done.stdout)

@@ -34,8 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from unthrottle.devtools.kube import ControlPlane, RealNode, ensure_built, ensure_node_built
-from unthrottle.devtools.kube.build import NODE_MODULE, go_binary, source
+from unthrottle_lab.kube import ControlPlane, RealNode, ensure_built, ensure_node_built
+from unthrottle_lab.kube.build import NODE_MODULE, go_binary, source
 
 RESULTS = Path(__file__).resolve().parent / "results" / "controlplane.json"
 

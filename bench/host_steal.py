@@ -6,7 +6,7 @@ without it.
 Runs ``scenarios/seed-002-burst.yaml`` (one worker, 20 ms tasks, at 0.25 CPU with and
 without a 25 ms burst) ``--repeats`` times, isolated, as the seed tests do. For each
 run it records the p95 latency as measured and less what each task lost to the host
-(``lost_ms``: time a task neither ran nor waited for a CPU, lab/worker.py), the lost
+(``lost_ms``: time a task neither ran nor waited for a CPU, unthrottle_lab/worker.py), the lost
 time, the throttled periods, and the steal the kernel counted on every CPU meanwhile
 (``/proc/stat``), beside the model's p95. Steal comes in spells, so a run of the bench
 may see none: the results file says how many runs lost anything. Run it beside the
@@ -23,12 +23,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from unthrottle.cfs.tasks import Machine, simulate_tasks
 from unthrottle.cgroups import detect_layout
-from unthrottle.lab import LabOptions, run_run
-from unthrottle.lab.agreement import LOST_NOTED_MS, cfs_latency
-from unthrottle.lab.noise import OtherLoad, steal_ms
-from unthrottle.model.scenario import load_scenario
+from unthrottle_lab.agreement import LOST_NOTED_MS, cfs_latency
+from unthrottle_lab.noise import OtherLoad, steal_ms
+from unthrottle_lab.runner import LabOptions, run_run
+from unthrottle_lab.scenario import load_scenario
+from unthrottle_lab.sim.tasks import Machine, simulate_tasks
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "scenarios" / "seed-002-burst.yaml"

@@ -3,7 +3,7 @@ pods restart, and what the operator asks of the API server (docs/benchmarks.md Â
 
     .venv/bin/python bench/inplace.py [--repeats 3] [--quick] [--save bench/results/inplace.json]
 
-The real control plane and the real node (``unthrottle.devtools.kube``: kubelet, containerd,
+The real control plane and the real node (``unthrottle_lab.kube``: kubelet, containerd,
 runc; started once, ended by PID; one real node per machine, so run it under the heavy
 lock), a fresh namespace per run with throttled Deployments (``tests/shop.py``) whose pods
 run the workload image on the real node (an idle scenario: 2 % of a core each), a real
@@ -60,16 +60,16 @@ from kube import Kube, fresh_name  # noqa: E402
 from kube_faults import FaultProxy  # noqa: E402
 from shop import Workload, deployment, openmetrics  # noqa: E402
 from test_apply import World  # noqa: E402
-from unthrottle.cfs.settings import parse_cpu  # noqa: E402
 from unthrottle.cgroups import Cgroup, CgroupError, Layout, detect_layout  # noqa: E402
-from unthrottle.devtools.kube import (  # noqa: E402
+from unthrottle.kube.patching import Record, record_of  # noqa: E402
+from unthrottle.units import parse_cpu  # noqa: E402
+from unthrottle_lab.kube import (  # noqa: E402
     REAL_NODE_TAINT,
     ControlPlane,
     RealNode,
     ensure_built,
 )
-from unthrottle.devtools.prometheus import PrometheusServer  # noqa: E402
-from unthrottle.kube.patching import Record, record_of  # noqa: E402
+from unthrottle_lab.prometheus import PrometheusServer  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "inplace.json"
 HOUR = 3600
@@ -410,7 +410,7 @@ def on_node(w: Workload, node: RealNode) -> dict[str, Any]:
                 volumes=[{"name": "scenario", "configMap": {"name": "idle"}}])  # fmt: skip
     (c,) = spec["containers"]
     c.update(image=node.images["workload"].name, imagePullPolicy="Never",
-             args=["lab", "workload", "/scenario/scenario.yaml"],
+             args=["workload", "/scenario/scenario.yaml"],
              volumeMounts=[{"name": "scenario", "mountPath": "/scenario"}])  # fmt: skip
     c["resources"]["requests"]["cpu"] = "20m"
     return obj

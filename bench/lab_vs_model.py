@@ -9,11 +9,11 @@ days: they are pooled, each run held over all of them (the rule is "at least one
 kernel's measurements", and the verdict says in how many it agreed).
 
 Each scenario in scenarios/seed-*.yaml is measured ``--repeats`` times by
-``unthrottle lab run --json`` (``--isolate``: the machine's other processes at
+``unthrottle-lab run --json`` (``--isolate``: the machine's other processes at
 idle priority meanwhile; ``--pin``: each worker on a CPU of its own where there
 are two or more and no more than CPUs, as the model places them). Each run is simulated
 at the period and tick phase the lab measured for it, on this machine's cores
-and HZ, and held to the rules of ``unthrottle.lab.agreement`` (docs/model.md,
+and HZ, and held to the rules of ``unthrottle_lab.agreement`` (docs/model.md,
 "Agreement"). Prints a Markdown table: the lab's figures over the repeats, the
 model's, the kernel's own spread, and the verdict. ``--save`` writes every
 measurement, with how busy the rest of the machine was, to a results file that
@@ -51,10 +51,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from unthrottle.cfs.figures import RunFigures
-from unthrottle.lab.agreement import Comparison, RunAgreement, agreement, cfs_latency
-from unthrottle.lab.noise import OtherLoad
-from unthrottle.model.scenario import load_scenario
+from unthrottle_lab.agreement import Comparison, RunAgreement, agreement, cfs_latency
+from unthrottle_lab.figures import RunFigures
+from unthrottle_lab.noise import OtherLoad
+from unthrottle_lab.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 SETS = {
@@ -71,11 +71,11 @@ def measure(
 ) -> dict[str, Any]:
     """Run the lab ``repeats`` times over every scenario of a set (``SETS``: the seeds, the
     pod-quota ones, the two-container ones); the results file's content."""
-    exe = Path(sys.executable).with_name("unthrottle")
+    exe = Path(sys.executable).with_name("unthrottle-lab")
     flags = [*(["--isolate"] if isolate else []), *(["--pin"] if pin else [])]
     flags += ["--pin-sidecar"] if pin_sidecar else []
     paths, saved = SETS[which]
-    cmd = [str(exe), "lab", "run", "--json", *flags, *map(str, paths)]
+    cmd = [str(exe), "run", "--json", *flags, *map(str, paths)]
     measurements = []
     for _ in range(repeats):
         with OtherLoad() as noise:

@@ -16,7 +16,7 @@ unthrottle, that comes after the reading books a period's stall in the next wind
 Saved: every reading (ns from the run's start; usage, throttled time and wait, µs; the
 kernel's count of periods), the grid, and the recommendation (LimitOnly, target 0.05, no
 headroom, as in test_censoring) from each run's windows as read and as attributed by
-their refills (``unthrottle.lab.sampling.attribute``). ``tests/test_late_readings.py``
+their refills (``unthrottle_lab.sampling.attribute``). ``tests/test_late_readings.py``
 replays them; ``--from FILE`` recomputes the recommendations from saved readings.
 """
 
@@ -34,12 +34,12 @@ from typing import Any
 
 import numpy as np
 
-from unthrottle.cfs import Bandwidth
 from unthrottle.cgroups import Cgroup, CpuStat, detect_layout
-from unthrottle.cgroups.schedule import ScheduledReader
-from unthrottle.lab import LabOptions, run_sampled
-from unthrottle.lab.noise import OtherLoad
-from unthrottle.lab.sampling import (
+from unthrottle.recommend import Current, PeriodEvidence, Policy, Strategy, recommend
+from unthrottle.units import Bandwidth
+from unthrottle_lab.noise import OtherLoad
+from unthrottle_lab.runner import LabOptions, run_sampled
+from unthrottle_lab.sampling import (
     AFTER_BOUNDARY_NS,
     CountersAndWaits,
     PeriodSamples,
@@ -48,8 +48,8 @@ from unthrottle.lab.sampling import (
     attribute,
     grant_of,
 )
-from unthrottle.model.scenario import RunSpec, parse_scenario
-from unthrottle.recommend import Current, PeriodEvidence, Policy, Strategy, recommend
+from unthrottle_lab.scenario import RunSpec, parse_scenario
+from unthrottle_lab.schedule import ScheduledReader
 
 SCENARIO = parse_scenario(
     {

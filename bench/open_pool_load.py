@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from unthrottle.cgroups import detect_layout
-from unthrottle.lab import LabOptions, run_run
-from unthrottle.lab.noise import OtherLoad
-from unthrottle.model.scenario import load_scenario
+from unthrottle_lab.noise import OtherLoad
+from unthrottle_lab.runner import LabOptions, run_run
+from unthrottle_lab.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 POOL = ROOT / "scenarios" / "seed-004-open-pool.yaml"

@@ -6,7 +6,7 @@ History: 1,000 Deployments, one pod and one container each (four kinds in turn:
 bursty under a tight limit, steady, idle, moderate, as bench/cluster_query.py),
 the agent's counters and 28-bucket histogram, one sample a minute for 25 hours
 (32,000 series, 48 million samples), backfilled once into a cached TSDB. The
-Deployments are on a real control plane (unthrottle.devtools.kube: etcd, kube-apiserver,
+Deployments are on a real control plane (unthrottle_lab.kube: etcd, kube-apiserver,
 the controller manager and scheduler, kwok's fake nodes), which makes their ReplicaSets
 and pods; its processes are not this one, so their memory and CPU are not counted as the
 operator's. The history names each Deployment's pod after its real ReplicaSet (the
@@ -41,9 +41,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 from cluster_query import BOUNDS, cdf, shape  # noqa: E402
 from unthrottle.agent.sampling import BUCKETS_CORES  # noqa: E402
-from unthrottle.devtools.kube import ControlPlane, ensure_built, fake_node  # noqa: E402
-from unthrottle.devtools.prometheus import PrometheusServer  # noqa: E402
 from unthrottle.metrics.source import PrometheusConfig, PrometheusSource, RangeSeries, Sample  # noqa: E402
+from unthrottle_lab.kube import ControlPlane, ensure_built, fake_node  # noqa: E402
+from unthrottle_lab.prometheus import PrometheusServer  # noqa: E402
 
 NS, HOUR, STEP, WINDOW = "bench", 3600, 60, 86_400
 PREFIX = "unthrottle_cpu_"
@@ -255,10 +255,10 @@ def run(args: argparse.Namespace, plane: ControlPlane, replicasets: list[str]) -
 
     from unthrottle.kube.objects import KubeObjects
     from unthrottle.kube.workloads import KubeWorkloadStore
-    from unthrottle.operator.evidence import IncrementalReader
     from unthrottle.operator.reconcile import Reconciler
     from unthrottle.operator.settings import OperatorSettings
     from unthrottle.scan import ScanRequest, scan
+    from unthrottle.scan.readers import IncrementalReader
 
     folder, end = build(args.cache, replicasets)
     t0 = end - HOUR + 60

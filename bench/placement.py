@@ -23,11 +23,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from unthrottle.cfs.tasks import Machine, simulate_tasks
 from unthrottle.cgroups import Layout, detect_layout
-from unthrottle.lab import LabOptions, run_run
-from unthrottle.lab.noise import OtherLoad
-from unthrottle.model.scenario import load_scenario
+from unthrottle_lab.noise import OtherLoad
+from unthrottle_lab.runner import LabOptions, run_run
+from unthrottle_lab.scenario import load_scenario
+from unthrottle_lab.sim.tasks import Machine, simulate_tasks
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "scenarios" / "seed-000-batch-parallel.yaml"

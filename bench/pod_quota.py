@@ -23,11 +23,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from unthrottle.cfs import Bandwidth
 from unthrottle.cgroups import Cgroup, Layout, detect_layout
-from unthrottle.lab import LabOptions, run_run
-from unthrottle.lab.noise import OtherLoad
-from unthrottle.model.scenario import load_scenario
+from unthrottle.units import Bandwidth
+from unthrottle_lab.noise import OtherLoad
+from unthrottle_lab.runner import LabOptions, run_run
+from unthrottle_lab.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 BATCH = ROOT / "scenarios" / "tune-batch-parallel.yaml"

@@ -19,13 +19,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from unthrottle.cfs import RunFigures
 from unthrottle.cgroups import detect_layout
-from unthrottle.lab import LabOptions, run_scenario
-from unthrottle.lab.noise import OtherLoad
-from unthrottle.lab.tune import TuneResult, tune
-from unthrottle.model.scenario import load_scenario
 from unthrottle.recommend import Policy
+from unthrottle_lab.figures import RunFigures
+from unthrottle_lab.noise import OtherLoad
+from unthrottle_lab.runner import LabOptions, run_scenario
+from unthrottle_lab.scenario import load_scenario
+from unthrottle_lab.tune import TuneResult, tune
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "scenarios" / "pod-sidecar-batch.yaml"

@@ -31,13 +31,12 @@ from typing import Any
 import numpy as np
 
 from unthrottle.cgroups import detect_layout
-from unthrottle.lab import LabOptions
-from unthrottle.lab.noise import OtherLoad
-from unthrottle.lab.runner import run_sampled
-from unthrottle.lab.sampling import PeriodSamples
-from unthrottle.lab.tune import current_of, evidence_of
-from unthrottle.model.scenario import RunSpec, load_scenario
 from unthrottle.recommend import Policy, recommend
+from unthrottle_lab.noise import OtherLoad
+from unthrottle_lab.runner import LabOptions, run_sampled
+from unthrottle_lab.sampling import PeriodSamples
+from unthrottle_lab.scenario import RunSpec, load_scenario
+from unthrottle_lab.tune import current_of, evidence_of
 
 ROOT = Path(__file__).resolve().parent.parent
 BATCH = ROOT / "scenarios" / "tune-batch-parallel.yaml"

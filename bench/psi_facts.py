@@ -30,9 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from unthrottle.cfs.settings import Bandwidth
 from unthrottle.cgroups import Cgroup, detect_layout
 from unthrottle.cgroups.waits import WaitReader
+from unthrottle.units import Bandwidth
 
 SPIN = [sys.executable, "-I", "-S", "-c", "while True: pass"]
 UNIFIED = Path("/sys/fs/cgroup/unified")

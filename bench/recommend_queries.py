@@ -27,8 +27,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from unthrottle.devtools.kube import ControlPlane, ensure_built
-from unthrottle.devtools.prometheus import PrometheusServer
+from unthrottle_lab.kube import ControlPlane, ensure_built
+from unthrottle_lab.prometheus import PrometheusServer
 
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
 HANDLERS = ("/api/v1/query", "/api/v1/query_range")

@@ -40,9 +40,8 @@ import numpy as np
 sys.path[:0] = [str(Path(__file__).resolve().parent)]
 from cluster_query import cdf  # noqa: E402
 from unthrottle.agent.sampling import BUCKETS_CORES  # noqa: E402
-from unthrottle.metrics.advise import advise  # noqa: E402
-from unthrottle.metrics.evidence import ContainerEvidence, WorkloadKey  # noqa: E402
-from unthrottle.metrics.plots import ContainerSeries, step_for  # noqa: E402
+from unthrottle.evidence.fetching import ContainerEvidence, WorkloadKey  # noqa: E402
+from unthrottle.evidence.plots import ContainerSeries, step_for  # noqa: E402
 from unthrottle.model.durations import parse_duration  # noqa: E402
 from unthrottle.operator.reconcile import MARKDOWN_ROWS, PLOTTED  # noqa: E402
 from unthrottle.operator.settings import OperatorSettings  # noqa: E402
@@ -52,6 +51,7 @@ from unthrottle.report import RenderOptions, Report, markdown, render  # noqa: E
 from unthrottle.report.html import MAX_PLOTS  # noqa: E402
 from unthrottle.report.thinning import CONFIGMAP_POINTS, thin  # noqa: E402
 from unthrottle.scan import ContainerResult, ScanResult, WorkloadResult  # noqa: E402
+from unthrottle.scan.advise import advise  # noqa: E402
 from unthrottle.scan.result import Problem, ProblemKind  # noqa: E402
 from unthrottle.scan.series import plotted  # noqa: E402
 

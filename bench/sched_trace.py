@@ -4,7 +4,7 @@
         --save bench/results/sched-trace-sidecar.json
     .venv/bin/python bench/sched_trace.py --from bench/results/sched-trace-sidecar.json
 
-Runs ``unthrottle lab run --json`` of ``scenarios/pod-sidecar-batch.yaml`` ``--repeats``
+Runs ``unthrottle-lab run --json`` of ``scenarios/pod-sidecar-batch.yaml`` ``--repeats``
 times with the kernel's scheduler events on (tracefs: ``sched_switch``, ``sched_wakeup``,
 ``sched_migrate_task``, ``cgroup_attach_task``, on the ``mono`` clock), and reads from the
 trace what ``cpu.stat`` cannot say: while the sidecar's thread and one of the batch's took
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from lab_vs_model import agreements
-from unthrottle.lab.noise import OtherLoad
+from unthrottle_lab.noise import OtherLoad
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "scenarios" / "pod-sidecar-batch.yaml"
@@ -216,8 +216,8 @@ def measure(
 ) -> dict[str, Any]:
     """``repeats`` traced ``lab run``s: the results file's content (lab_vs_model's shape,
     with each measurement's ``turns`` beside its runs)."""
-    exe = Path(sys.executable).with_name("unthrottle")
-    cmd = [str(exe), "lab", "run", "--json", *flags, str(SCENARIO)]
+    exe = Path(sys.executable).with_name("unthrottle-lab")
+    cmd = [str(exe), "run", "--json", *flags, str(SCENARIO)]
     measurements = []
     for _ in range(repeats):
         with OtherLoad() as noise, tracing() as trace:

@@ -4,7 +4,7 @@
         [--from …] [--step-ms 5] [--save bench/results/sidecar-phases.json]
 
 The model runs a two-container pod at the phases the lab calibrated for each measurement
-(the sidecar's grid and the pod's, against the batch's; ``unthrottle.lab.agreement``). Those
+(the sidecar's grid and the pod's, against the batch's; ``unthrottle_lab.agreement``). Those
 are measured, within a tick. This sweeps both over a whole period in ``--step-ms`` steps,
 for each measurement of each run with a sidecar in the results files given (pooled as
 ``bench/lab_vs_model.py`` pools them), and prints what the model's sidecar does over the
@@ -26,16 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from lab_vs_model import SETS, agreements, pooled
-from unthrottle.cfs.figures import RunFigures
-from unthrottle.cfs.tasks import Machine, simulate_tasks
-from unthrottle.lab.agreement import (
+from unthrottle_lab.agreement import (
     Comparison,
     cfs_latency,
     latency_close,
     machine_for,
     sidecar_for,
 )
-from unthrottle.model.scenario import RunSpec, Scenario, load_scenario
+from unthrottle_lab.figures import RunFigures
+from unthrottle_lab.scenario import RunSpec, Scenario, load_scenario
+from unthrottle_lab.sim.tasks import Machine, simulate_tasks
 
 NEAR_US = 2000
 """How far around the measured phases the near sweep goes, µs: half a tick at HZ=250, and

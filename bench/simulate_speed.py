@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from unthrottle.cfs import Bandwidth, simulate_series
+from unthrottle.cfs import simulate_series
+from unthrottle.units import Bandwidth
 
 PERIODS = 7 * 24 * 3600 * 10
 

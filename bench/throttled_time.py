@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from unthrottle.cgroups import detect_layout
-from unthrottle.devtools.processes import foreign_hogs
-from unthrottle.lab import LabOptions, run_run
-from unthrottle.model.scenario import parse_scenario
+from unthrottle_lab.children import foreign_hogs
+from unthrottle_lab.runner import LabOptions, run_run
+from unthrottle_lab.scenario import parse_scenario
 
 SCENARIO = parse_scenario({
     "name": "serial-30ms-long",

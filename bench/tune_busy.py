@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from unthrottle.cgroups import detect_layout
-from unthrottle.lab import LabOptions, run_run, run_sampled
-from unthrottle.lab.tune import current_of, evidence_of, spec_for
-from unthrottle.model.scenario import load_scenario
 from unthrottle.recommend import PeriodEvidence, Policy, Strategy, recommend
+from unthrottle_lab.runner import LabOptions, run_run, run_sampled
+from unthrottle_lab.scenario import load_scenario
+from unthrottle_lab.tune import current_of, evidence_of, spec_for
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "scenarios" / "tune-serial-busy.yaml"

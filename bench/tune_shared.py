@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from unthrottle.cgroups import detect_layout
-from unthrottle.lab.runner import LabOptions, run_run
-from unthrottle.lab.tune import spec_for, throttle_ratio, tune
-from unthrottle.model.scenario import Scenario, load_scenario
 from unthrottle.recommend import Policy
+from unthrottle_lab.runner import LabOptions, run_run
+from unthrottle_lab.scenario import Scenario, load_scenario
+from unthrottle_lab.tune import spec_for, throttle_ratio, tune
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = [ROOT / "scenarios" / "tune-open-pool-neighbour.yaml",

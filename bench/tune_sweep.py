@@ -23,10 +23,10 @@ import sys
 from pathlib import Path
 
 from unthrottle.cgroups import detect_layout
-from unthrottle.lab.runner import LabOptions, run_run
-from unthrottle.lab.tune import spec_for, tune
-from unthrottle.model.scenario import Scenario, load_scenario
 from unthrottle.recommend import Policy, Strategy
+from unthrottle_lab.runner import LabOptions, run_run
+from unthrottle_lab.scenario import Scenario, load_scenario
+from unthrottle_lab.tune import spec_for, tune
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = [*sorted(p for p in (ROOT / "scenarios").glob("tune-*.yaml")

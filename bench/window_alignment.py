@@ -25,12 +25,13 @@ from pathlib import Path
 
 import numpy as np
 
-from unthrottle.cfs import Bandwidth, simulate_series
+from unthrottle.cfs import simulate_series
 from unthrottle.cgroups import Cgroup, detect_layout
 from unthrottle.cgroups.counters import CounterReader
-from unthrottle.cgroups.schedule import ScheduledReader
-from unthrottle.lab.runner import LabOptions, run_sampled
-from unthrottle.model.scenario import load_scenario
+from unthrottle.units import Bandwidth
+from unthrottle_lab.runner import LabOptions, run_sampled
+from unthrottle_lab.scenario import load_scenario
+from unthrottle_lab.schedule import ScheduledReader
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = [("seed-002-burst.yaml", 0), ("tune-open-pool.yaml", 0), ("tune-batch-parallel.yaml", 0),

@@ -5,12 +5,12 @@
 1. A real Kubernetes control plane starts in the demo's temp folder (kube-apiserver, etcd,
    kube-controller-manager, kube-scheduler), and a real node joins it: a kubelet,
    containerd and runc, built from their Go modules by `make controlplane`
-   (``unthrottle.devtools.kube.RealNode``). The chart's RBAC is applied (rendered by Helm's
+   (``unthrottle_lab.kube.RealNode``). The chart's RBAC is applied (rendered by Helm's
    own SDK): the operator and the agent run on their ServiceAccounts' tokens.
 2. Two Deployments of the workload image (the request pool and the parallel batch from
    scenarios/, both throttled today) are scheduled onto the node; the kubelet makes their
    cgroups, the pod-level quota included, and each pod runs its scenario over and over
-   (``unthrottle lab workload``).
+   (``unthrottle-lab workload``).
 3. The node agent finds the containers' cgroups below the node's cgroup root, names them
    through the API and writes the burst pod annotations ask for; a real Prometheus scrapes
    it and the kubelet's ``/metrics/cadvisor`` (HTTPS, a token allowed ``nodes/metrics``).
@@ -61,8 +61,9 @@ from measuring import (
     say,
 )
 
-from unthrottle.cfs.settings import format_cpu
-from unthrottle.devtools.kube import (
+from unthrottle.units import format_cpu
+from unthrottle_lab.children import stop
+from unthrottle_lab.kube import (
     BuildError,
     ControlPlane,
     KubectlError,
@@ -72,9 +73,8 @@ from unthrottle.devtools.kube import (
     ensure_node_built,
     scenario_objects,
 )
-from unthrottle.devtools.kube.admin import Admin, until
-from unthrottle.devtools.processes import stop
-from unthrottle.devtools.prometheus import PrometheusServer, free_port, have_prometheus
+from unthrottle_lab.kube.admin import Admin, until
+from unthrottle_lab.prometheus import PrometheusServer, free_port, have_prometheus
 
 ROOT = Path(__file__).resolve().parent.parent
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from unthrottle.cfs.settings import format_cpu, parse_cpu
-from unthrottle.devtools.kube import RealNode
 from unthrottle.model.burst import burst_specs, spec_for
+from unthrottle.units import format_cpu, parse_cpu
+from unthrottle_lab.kube import RealNode
 
 NS = "shop"
 CONTAINER = "app"

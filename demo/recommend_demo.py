@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 from cluster_query import BOUNDS, backlog_rates, cdf  # noqa: E402
 from unthrottle.agent.sampling import BUCKETS_CORES  # noqa: E402
-from unthrottle.devtools.prometheus import PrometheusServer  # noqa: E402
+from unthrottle_lab.prometheus import PrometheusServer  # noqa: E402
 
 DAY, STEP = 86_400, 60
 SHOP = {  # deployment: (base cores, burst share, burst cores, limit cores, pods)

@@ -22,7 +22,7 @@ import pytest
 from kube import Kube, fresh_name
 from missing import MISSING
 from unthrottle.cgroups import CgroupError, Layout, detect_layout
-from unthrottle.devtools.kube import (
+from unthrottle_lab.kube import (
     BuildError,
     ControlPlane,
     RealNode,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from unthrottle.cfs import Bandwidth
 from unthrottle.cgroups import Cgroup, Layout
+from unthrottle.units import Bandwidth
 
 
 def worker_pids() -> set[int]:

@@ -2,7 +2,7 @@
 
 ``control_plane`` (session scope, in conftest) starts etcd, kube-apiserver,
 kube-controller-manager, kube-scheduler and kwok's fake nodes once
-(:mod:`unthrottle.devtools.kube`); :class:`Kube` is the tests' admin view of it: plain
+(:mod:`unthrottle_lab.kube`); :class:`Kube` is the tests' admin view of it: plain
 HTTP calls whose bodies are the server's own JSON, with helpers to create objects, wait
 for a rollout that the real Deployment controller carries out, and write a kubeconfig
 for a process under test.
@@ -23,9 +23,9 @@ from urllib.parse import urlencode
 
 import yaml
 
-from unthrottle.devtools.kube import ControlPlane
-from unthrottle.devtools.kube.admin import Admin, path_of
-from unthrottle.devtools.kube.admin import until as _until
+from unthrottle_lab.kube import ControlPlane
+from unthrottle_lab.kube.admin import Admin, path_of
+from unthrottle_lab.kube.admin import until as _until
 
 Obj = dict[str, Any]
 T = TypeVar("T")

@@ -26,7 +26,7 @@ import aiohttp
 import aiohttp.web
 
 from kube import Kube
-from unthrottle.devtools.prometheus import free_port
+from unthrottle_lab.prometheus import free_port
 
 _HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding",
         "host", "upgrade", "proxy-authorization", "te", "trailer"}  # fmt: skip

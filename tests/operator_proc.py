@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from types import TracebackType
 
-from unthrottle.devtools.processes import stop
+from unthrottle_lab.children import stop
 
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
 

@@ -1,4 +1,4 @@
-"""A real Prometheus server for tests: the launcher of ``unthrottle.devtools.prometheus``
+"""A real Prometheus server for tests: the launcher of ``unthrottle_lab.prometheus``
 (shared with the demo and the benchmarks), and the marker that skips without it.
 
 Re-exported here so that ``from prom import PrometheusServer, free_port`` keeps working.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from missing import MISSING
-from unthrottle.devtools.prometheus import PrometheusServer, free_port, have_prometheus
+from unthrottle_lab.prometheus import PrometheusServer, free_port, have_prometheus
 
 __all__ = ["PrometheusServer", "free_port", "requires_prometheus"]
 

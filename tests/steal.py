@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from unthrottle.lab.noise import steal_ms
+from unthrottle_lab.noise import steal_ms
 
 STAT = Path(os.environ.get("UNTHROTTLE_TEST_PROC_STAT", "/proc/stat"))
 SHOWN_MS = 10.0

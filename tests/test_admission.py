@@ -35,12 +35,12 @@ from kube import Kube, fresh_name, path_of
 from kube_faults import FaultProxy
 from operator_proc import OperatorProcess
 from test_chart import only, render
-from unthrottle.cfs.settings import parse_cpu
-from unthrottle.devtools.kube import ControlPlane
-from unthrottle.devtools.kube.pki import make_pki
-from unthrottle.devtools.prometheus import free_port
 from unthrottle.kube.patching import RECORD_ANNOTATION, ContainerChange, Record, Settings
 from unthrottle.model.burst import BURST_ANNOTATION
+from unthrottle.units import parse_cpu
+from unthrottle_lab.kube import ControlPlane
+from unthrottle_lab.kube.pki import make_pki
+from unthrottle_lab.prometheus import free_port
 
 DEPLOYMENTS = "apps/v1/deployments"
 WEBHOOKS = "admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"

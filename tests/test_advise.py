@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from unthrottle.metrics.advise import PARALLEL_FROM, Job, advise_all
-from unthrottle.metrics.evidence import ContainerEvidence, WorkloadKey
+from unthrottle.evidence.fetching import ContainerEvidence, WorkloadKey
 from unthrottle.recommend import Current, Policy
+from unthrottle.scan.advise import PARALLEL_FROM, Job, advise_all
 
 
 def jobs(n: int) -> list[Job]:

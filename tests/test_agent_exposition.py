@@ -11,10 +11,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from unthrottle.agent.discovery import Found
 from unthrottle.agent.exposition import render
 from unthrottle.agent.sampling import BUCKETS_CORES, Sampler, Series
-from unthrottle.cfs import Bandwidth
 from unthrottle.cfs.backlog import LEVELS_MILLICORES, OVER_QUOTAS, BacklogFold
 from unthrottle.cgroups import Cgroup, CpuStat, Layout, Version
 from unthrottle.cgroups.counters import CounterReader, Vanished
+from unthrottle.units import Bandwidth
 
 
 def v2_cgroup(root: Path, rel: str, stat: str) -> Layout:

@@ -28,10 +28,10 @@ from kube import Kube
 from prom import PrometheusServer, free_port, requires_prometheus
 from test_agent_naming import bound_pod, container_ids, fake_nodes
 from unthrottle.cgroups import Cgroup, Layout
-from unthrottle.devtools.processes import stop as stop_process
-from unthrottle.lab.isolation import Isolation
-from unthrottle.lab.noise import steal_ms
 from unthrottle.metrics.promql import ACTIVE_COUNTER, BACKLOG_COUNTER, BY_BACKLOG, BY_CONTAINER
+from unthrottle_lab.children import stop as stop_process
+from unthrottle_lab.isolation import Isolation
+from unthrottle_lab.noise import steal_ms
 
 pytestmark = pytest.mark.kernel
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")

@@ -28,7 +28,7 @@ from unthrottle.agent.sampling import BUCKETS_CORES, Sampler, Series
 from unthrottle.agent.settings import AgentSettings
 from unthrottle.cgroups import Layout, Version
 from unthrottle.cgroups.counters import CounterReader
-from unthrottle.devtools.processes import stop
+from unthrottle_lab.children import stop
 
 KEEP_3 = AgentSettings(peak_window_s=0.3)  # a trailing peak of 3 windows: trimming shows
 

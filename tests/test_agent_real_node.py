@@ -35,9 +35,9 @@ from kube import Kube
 from prom import requires_prometheus
 from test_real_node import _container_cgroup, _running
 from unthrottle.cgroups import Cgroup, Layout
-from unthrottle.devtools.kube import ControlPlane, RealNode
-from unthrottle.devtools.processes import stop
-from unthrottle.devtools.prometheus import PrometheusServer, free_port
+from unthrottle_lab.children import stop
+from unthrottle_lab.kube import ControlPlane, RealNode
+from unthrottle_lab.prometheus import PrometheusServer, free_port
 
 pytestmark = [pytest.mark.kernel, requires_prometheus]
 

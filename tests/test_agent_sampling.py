@@ -25,8 +25,8 @@ from unthrottle.agent.gating import gate_paths, plan
 from unthrottle.agent.sampling import Sampler
 from unthrottle.agent.server import make_server
 from unthrottle.agent.settings import AgentSettings, InvalidAgentSettings
-from unthrottle.cfs import Bandwidth
 from unthrottle.cgroups import Cgroup, Layout, Version
+from unthrottle.units import Bandwidth
 
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
 FAST = AgentSettings(period_ns=20_000_000, refresh_s=0.05)

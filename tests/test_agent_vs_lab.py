@@ -17,12 +17,12 @@ import pytest
 
 from unthrottle.agent.discovery import Found
 from unthrottle.agent.sampling import BUCKETS_CORES, Series
-from unthrottle.cfs import Bandwidth
 from unthrottle.cgroups import Cgroup, CpuStat, Layout
 from unthrottle.cgroups.counters import CounterReader
-from unthrottle.cgroups.schedule import ScheduledReader
-from unthrottle.lab import LabOptions, run_sampled
-from unthrottle.model.scenario import parse_scenario
+from unthrottle.units import Bandwidth
+from unthrottle_lab.runner import LabOptions, run_sampled
+from unthrottle_lab.scenario import parse_scenario
+from unthrottle_lab.schedule import ScheduledReader
 
 pytestmark = pytest.mark.kernel
 

@@ -25,12 +25,12 @@ from unthrottle.agent.discovery import Found
 from unthrottle.agent.exposition import render
 from unthrottle.agent.sampling import BUCKETS_CORES, Sampler, Series, backfill, window_demand_us
 from unthrottle.agent.settings import AgentSettings, InvalidAgentSettings
-from unthrottle.cfs import Bandwidth
 from unthrottle.cgroups import CpuStat, Layout, Version
 from unthrottle.cgroups.counters import CounterReader
-from unthrottle.devtools.processes import stop
-from unthrottle.lab.isolation import Isolation
-from unthrottle.lab.noise import steal_ms
+from unthrottle.units import Bandwidth
+from unthrottle_lab.children import stop
+from unthrottle_lab.isolation import Isolation
+from unthrottle_lab.noise import steal_ms
 
 DEMAND = {
     # usage, throttled, wait (µs, one window) → demand

@@ -14,12 +14,12 @@ import pytest
 
 from prom import PrometheusServer, requires_prometheus
 from test_incremental import API, BATCH, EARLY, HOUR, IDLE, WEB, history, owners_known
-from unthrottle.metrics.advise import advise
-from unthrottle.metrics.aggregates import CheckpointError, WindowAggregates, slot_seconds
-from unthrottle.metrics.evidence import ContainerEvidence, Slot, WorkloadKey, fetch
-from unthrottle.metrics.incremental import fetch_slots
+from unthrottle.evidence.aggregates import CheckpointError, WindowAggregates, slot_seconds
+from unthrottle.evidence.fetching import ContainerEvidence, Slot, WorkloadKey, fetch
+from unthrottle.evidence.incremental import fetch_slots
 from unthrottle.metrics.source import PrometheusConfig, PrometheusSource
 from unthrottle.recommend import Current, Policy
+from unthrottle.scan.advise import advise
 
 T0 = 1_700_000_000
 WINDOW = 6 * HOUR

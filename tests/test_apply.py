@@ -29,8 +29,6 @@ from prom import PrometheusServer, requires_prometheus
 from realistic import NON_ASCII, URL
 from realistic import deployment as realistic_deployment
 from shop import Workload, deploy, openmetrics, rehash
-from unthrottle.cfs.settings import parse_cpu
-from unthrottle.devtools.kube import ControlPlane
 from unthrottle.kube.deployments import KubeDeployments
 from unthrottle.kube.objects import KubeObjects
 from unthrottle.kube.patching import RECORD_ANNOTATION, Record
@@ -40,6 +38,8 @@ from unthrottle.metrics.source import PrometheusConfig, PrometheusSource
 from unthrottle.operator.gates import rollout
 from unthrottle.operator.reconcile import Reconciler
 from unthrottle.operator.settings import OperatorSettings
+from unthrottle.units import parse_cpu
+from unthrottle_lab.kube import ControlPlane
 
 pytestmark = requires_prometheus
 ROOT = Path(__file__).resolve().parent

@@ -22,9 +22,9 @@ from kube import Kube
 from prom import PrometheusServer, requires_prometheus
 from shop import Workload, deploy
 from test_apply import World, running
-from unthrottle.cfs.settings import parse_cpu
-from unthrottle.devtools.kube import ControlPlane
 from unthrottle.kube.patching import RECORD_ANNOTATION, Record
+from unthrottle.units import parse_cpu
+from unthrottle_lab.kube import ControlPlane
 
 pytestmark = requires_prometheus
 PODS = "v1/pods"

@@ -26,10 +26,10 @@ from test_admission import Tls, chart_configuration, configured, tls, webhook_op
 from test_apply import restarted
 from test_apply_restart import _wait
 from test_inplace_real_node import IDLE, _on_node, pod_cgroup
-from unthrottle.cfs.settings import parse_cpu
 from unthrottle.cgroups import Layout
-from unthrottle.devtools.kube import ControlPlane, RealNode
 from unthrottle.kube.patching import RECORD_ANNOTATION, Record
+from unthrottle.units import parse_cpu
+from unthrottle_lab.kube import ControlPlane, RealNode
 
 pytestmark = [requires_prometheus, pytest.mark.slow, pytest.mark.kernel]
 __all__ = ["tls"]  # the module-scoped fixture, shared with test_admission

@@ -29,8 +29,6 @@ from helpers import CgroupTree, kubepods_levels
 from kube import Kube
 from prom import PrometheusServer, free_port, requires_prometheus
 from test_agent_kernel import start_agent, stop, wait_for
-from unthrottle.cfs import Bandwidth
-from unthrottle.cfs.settings import parse_cpu
 from unthrottle.cgroups import Cgroup, Layout
 from unthrottle.cgroups.layout import Version
 from unthrottle.kube.deployments import KubeDeployments
@@ -40,6 +38,7 @@ from unthrottle.metrics.source import PrometheusConfig, PrometheusSource
 from unthrottle.model.burst import burst_specs, spec_for
 from unthrottle.operator.reconcile import Reconciler
 from unthrottle.operator.settings import OperatorSettings
+from unthrottle.units import Bandwidth, parse_cpu
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow, requires_prometheus]
 TARGET = 0.05

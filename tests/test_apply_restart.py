@@ -26,9 +26,9 @@ from kube_faults import FaultProxy
 from operator_proc import OperatorProcess
 from prom import PrometheusServer, requires_prometheus
 from shop import Workload, deployment, openmetrics
-from unthrottle.cfs.settings import parse_cpu
-from unthrottle.devtools.kube import ControlPlane
 from unthrottle.kube.patching import RECORD_ANNOTATION, Record
+from unthrottle.units import parse_cpu
+from unthrottle_lab.kube import ControlPlane
 
 pytestmark = requires_prometheus
 POLICIES = "unthrottle.io/v1alpha1/throttlepolicies"

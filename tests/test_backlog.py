@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 
 from unthrottle.agent.sampling import BUCKETS_CORES
-from unthrottle.cfs import Bandwidth, simulate_series, trace_series
+from unthrottle.cfs import simulate_series, trace_series
 from unthrottle.cfs.backlog import LEVELS_MILLICORES, OVER_QUOTAS, BacklogFold, fold
-from unthrottle.lab.agentview import View, as_read
 from unthrottle.recommend import Current, PeriodEvidence, Policy, Strategy, recommend
 from unthrottle.recommend.engine import ORDER_UNKNOWN
 from unthrottle.recommend.histogram import evidence_from_histogram
+from unthrottle.units import Bandwidth
+from unthrottle_lab.agentview import View, as_read
 
 W = 100_000
 UNKNOWN = "the order of the windows is unknown"

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from unthrottle.cgroups import Layout
-from unthrottle.lab import LabOptions, run_sampled
-from unthrottle.model.scenario import parse_scenario
 from unthrottle.recommend import Current, PeriodEvidence, Policy, Strategy, recommend
+from unthrottle_lab.runner import LabOptions, run_sampled
+from unthrottle_lab.scenario import parse_scenario
 
 pytestmark = pytest.mark.kernel
 

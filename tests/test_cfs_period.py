@@ -29,19 +29,17 @@ import pytest
 from kube import Kube, fresh_name
 from prom import PrometheusServer, requires_prometheus
 from shop import THROTTLED, Workload, deployment, openmetrics, rehash
-from unthrottle.devtools.kube import ControlPlane
+from unthrottle.evidence.aggregates import _FORMAT as FORMAT
+from unthrottle.evidence.aggregates import CheckpointError, WindowAggregates, sealed, unsealed
+from unthrottle.evidence.fetching import ContainerEvidence, Slot, WorkloadKey, fetch
+from unthrottle.evidence.incremental import fetch_slots
 from unthrottle.kube.deployments import KubeDeployments
 from unthrottle.kube.objects import KubeObjects
 from unthrottle.kube.patching import RECORD_ANNOTATION, ContainerChange, Record, plan
 from unthrottle.kube.workloads import KubeWorkloadStore
-from unthrottle.metrics.aggregates import _FORMAT as FORMAT
-from unthrottle.metrics.aggregates import CheckpointError, WindowAggregates, sealed, unsealed
-from unthrottle.metrics.evidence import ContainerEvidence, Slot, WorkloadKey, fetch
-from unthrottle.metrics.incremental import fetch_slots
 from unthrottle.metrics.source import PrometheusConfig, PrometheusSource
 from unthrottle.model.policy import parse_spec
 from unthrottle.operator.apply import changes_for
-from unthrottle.operator.evidence import IncrementalReader
 from unthrottle.operator.reconcile import Reconciler
 from unthrottle.operator.settings import OperatorSettings
 from unthrottle.recommend import Recommendation, Runtime
@@ -53,6 +51,8 @@ from unthrottle.scan import (
     WorkloadResult,
     scan,
 )
+from unthrottle.scan.readers import IncrementalReader
+from unthrottle_lab.kube import ControlPlane
 
 pytestmark = requires_prometheus
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")

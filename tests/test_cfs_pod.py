@@ -5,17 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from unthrottle.cfs import (
-    Bandwidth,
-    Kind,
-    Machine,
-    Workload,
-    pod_series_bandwidth,
-    simulate_pod_series,
-    simulate_series,
-    simulate_tasks,
-    stalled_us,
-)
+from unthrottle.cfs import pod_series_bandwidth, simulate_pod_series, simulate_series, stalled_us
+from unthrottle.units import Bandwidth
+from unthrottle_lab.sim.tasks import Machine, simulate_tasks
+from unthrottle_lab.workload import Kind, Workload
 
 BATCH = Workload(Kind.BATCH, task_cpu_us=60_000, workers=2, tasks=10)
 BURSTY = Workload(Kind.SERIAL, task_cpu_us=20_000, workers=1, tasks=60, think_us=73_000)

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unthrottle.cfs import Bandwidth, simulate_series, trace_series
+from unthrottle.cfs import simulate_series, trace_series
+from unthrottle.units import Bandwidth
 
 Q = 50_000  # 0.5 CPU at the default 100 ms period
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from unthrottle.cfs import Bandwidth, InvalidSettings, format_cpu, parse_cpu
 from unthrottle.cgroups import Cgroup, Layout
+from unthrottle.units import Bandwidth, InvalidSettings, format_cpu, parse_cpu
 
 
 class TestKernelRules:

@@ -13,11 +13,14 @@ from typing import Any
 import pytest
 
 from conftest import ROOT
-from unthrottle.cfs import Bandwidth, Kind, Machine, RunFigures, Sidecar, Workload, simulate_tasks
-from unthrottle.cfs.tasks import Accounting
-from unthrottle.model.scenario import load_scenario
+from unthrottle.units import Bandwidth
+from unthrottle_lab.figures import RunFigures
+from unthrottle_lab.scenario import load_scenario
+from unthrottle_lab.sim.tasks import Accounting, Machine, Sidecar, simulate_tasks
+from unthrottle_lab.workload import Kind, Workload
 
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
+UNTHROTTLE_LAB = Path(sys.executable).with_name("unthrottle-lab")
 BATCH = Workload(Kind.BATCH, task_cpu_us=60_000, workers=2, tasks=10)
 BUSY_PAIR = Workload(Kind.SERIAL, task_cpu_us=20_000, workers=2, tasks=60)
 """A sidecar of two threads that never rest: it spends its quota at the start of each of
@@ -197,9 +200,9 @@ def test_one_container_runs_are_what_they_were(
 
 
 def test_simulate_predicts_both_containers_and_the_pod() -> None:
-    """``unthrottle simulate`` of the two-container scenario: the sidecar's own figures and
+    """``unthrottle-lab simulate`` of the two-container scenario: the sidecar's own figures and
     the pod's usage, both containers', in each run (the table prints the sidecar's row)."""
-    out = subprocess.run([str(UNTHROTTLE), "simulate", "--json", "--cores", "2",
+    out = subprocess.run([str(UNTHROTTLE_LAB), "simulate", "--json", "--cores", "2",
                           str(ROOT / "scenarios" / "pod-sidecar-batch.yaml")],
                          capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
     runs = json.loads(out.stdout)["runs"]

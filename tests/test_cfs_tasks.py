@@ -8,8 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unthrottle.cfs import Bandwidth, Kind, Machine, RunFigures, Workload, simulate_tasks
-from unthrottle.cfs.tasks import Accounting
+from unthrottle.units import Bandwidth
+from unthrottle_lab.figures import RunFigures
+from unthrottle_lab.sim.tasks import Accounting, Machine, simulate_tasks
+from unthrottle_lab.workload import Kind, Workload
 
 TWO_CORES = Machine(cores=2)
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from unthrottle.cfs import Bandwidth
 from unthrottle.cgroups import Cgroup, CgroupError, CpuStat, Layout, Version
+from unthrottle.units import Bandwidth
 
 
 def v2_tree(root: Path, *, burst: bool = True) -> Layout:

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from missing import MISSING
-from unthrottle.cfs import Bandwidth
 from unthrottle.cgroups import Cgroup, CgroupError, Layout
+from unthrottle.units import Bandwidth
 
 pytestmark = pytest.mark.kernel
 

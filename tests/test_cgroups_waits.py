@@ -21,12 +21,12 @@ from dataclasses import dataclass
 import pytest
 
 from helpers import CgroupTree
-from unthrottle.cfs import Bandwidth
 from unthrottle.cgroups import Layout
 from unthrottle.cgroups.waits import WaitReader
-from unthrottle.devtools.processes import stop
-from unthrottle.lab.isolation import Isolation
-from unthrottle.lab.noise import steal_ms
+from unthrottle.units import Bandwidth
+from unthrottle_lab.children import stop
+from unthrottle_lab.isolation import Isolation
+from unthrottle_lab.noise import steal_ms
 
 pytestmark = pytest.mark.kernel
 BUSY_S = 1.5

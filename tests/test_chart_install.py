@@ -47,8 +47,9 @@ from operator_proc import UNTHROTTLE
 from prom import PrometheusServer, free_port, requires_prometheus
 from shop import HEALTHY, THROTTLED, deploy, openmetrics
 from test_chart import PROMETHEUS_AUTH, documented_rbac
-from unthrottle.cfs.settings import parse_cpu
-from unthrottle.devtools.kube import (
+from unthrottle.units import parse_cpu
+from unthrottle_lab.children import stop
+from unthrottle_lab.kube import (
     REAL_NODE_TAINT,
     BuildError,
     ControlPlane,
@@ -56,7 +57,6 @@ from unthrottle.devtools.kube import (
     ensure_built,
     ensure_node_built,
 )
-from unthrottle.devtools.processes import stop
 
 POLICIES = "unthrottle.io/v1alpha1/throttlepolicies"
 DEPLOYMENTS = "apps/v1/deployments"
@@ -619,7 +619,7 @@ def _idle_on(node: RealNode, namespace: str) -> dict[str, Any]:
     """A Deployment of one Burstable pod of the workload image on the real node."""
     labels = {"app": "idle"}
     container = {"name": "app", "image": node.images["workload"].name,
-                 "imagePullPolicy": "Never", "args": ["lab", "workload", "/s/scenario.yaml"],
+                 "imagePullPolicy": "Never", "args": ["workload", "/s/scenario.yaml"],
                  "volumeMounts": [{"name": "s", "mountPath": "/s"}],
                  "resources": {"requests": {"cpu": "100m"}, "limits": {"cpu": "500m"}}}  # fmt: skip
     spec = {"nodeSelector": {"kubernetes.io/hostname": node.name},

@@ -80,7 +80,7 @@ def test_a_malformed_file_is_named_with_its_field_and_nothing_runs(
 
 
 def test_the_package_never_shadows_the_standard_library_operator_module() -> None:
-    assert not (ROOT / "operator" / "__init__.py").exists()
+    assert not (ROOT / "src" / "__init__.py").exists()
     out = subprocess.run(
         [sys.executable, "-c", "import operator, unthrottle; print(operator.add(2, 3))"],
         capture_output=True,

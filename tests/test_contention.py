@@ -5,13 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from unthrottle.cfs.figures import RunFigures
-from unthrottle.cfs.settings import Bandwidth
-from unthrottle.cfs.tasks import Machine, simulate_tasks
-from unthrottle.cfs.workload import Kind, Workload
-from unthrottle.metrics.evidence import ContainerEvidence, WorkloadKey
+from unthrottle.evidence.fetching import ContainerEvidence, WorkloadKey
 from unthrottle.metrics.promql import counter_queries, recording_rules
-from unthrottle.model.scenario import parse_scenario
 from unthrottle.recommend import (
     CounterEvidence,
     Current,
@@ -21,6 +16,11 @@ from unthrottle.recommend import (
     Waits,
     recommend,
 )
+from unthrottle.units import Bandwidth
+from unthrottle_lab.figures import RunFigures
+from unthrottle_lab.scenario import parse_scenario
+from unthrottle_lab.sim.tasks import Machine, simulate_tasks
+from unthrottle_lab.workload import Kind, Workload
 
 # One thread, 50 ms tasks back to back: it wants a whole core.
 BUSY_THREAD = Workload(kind=Kind.SERIAL, task_cpu_us=50_000, workers=1, tasks=40)

@@ -1,4 +1,4 @@
-"""`python -m unthrottle.devtools.kube up DIR`: the command other checks start a control
+"""`python -m unthrottle_lab.kube up DIR`: the command other checks start a control
 plane with. It prints ``ready DIR/kubeconfig`` once every component is ready, puts the
 binaries it runs in ``DIR/bin``, and on SIGTERM or SIGINT ends what it started and removes
 what it wrote."""
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from unthrottle.devtools.kube import BINARIES, ControlPlane, ensure_built
+from unthrottle_lab.kube import BINARIES, ControlPlane, ensure_built
 
 
 def _alive(pid: int) -> bool:
@@ -43,7 +43,7 @@ def test_up_is_ready_with_a_kubeconfig_and_kubectl_and_leaves_nothing_behind(
     tmp_path: Path, control_plane: ControlPlane, sig: signal.Signals
 ) -> None:
     folder = tmp_path / "cluster"
-    proc = subprocess.Popen([sys.executable, "-m", "unthrottle.devtools.kube", "up",
+    proc = subprocess.Popen([sys.executable, "-m", "unthrottle_lab.kube", "up",
                              str(folder), "--nodes", "2"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:

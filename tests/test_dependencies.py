@@ -1,6 +1,6 @@
 """The package declares what it imports, and nothing else (pyproject.toml's dependencies).
 
-``unthrottle.devtools`` (the launchers of Prometheus and of the Kubernetes control plane that
+``unthrottle_lab`` (the launchers of Prometheus and of the Kubernetes control plane that
 the tests, the demo and the benchmarks share; the product never imports it) and the tests may
 import what the ``test`` extra declares: a fresh ``pip install -e .[test]`` gets them all,
 none only because another distribution happens to need it."""
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from conftest import ROOT
 
-PACKAGE = ROOT / "operator" / "unthrottle"
+PACKAGE = ROOT / "src" / "unthrottle"
 DEVTOOLS = PACKAGE / "devtools"
 TESTS = ROOT / "tests"
 SCRIPTS = ("tests", "bench", "demo")

@@ -226,7 +226,7 @@ def test_the_wheel_builds_from_exactly_the_docker_build_context(tmp_path: Path) 
     assert out.returncode == 0, out.stderr
     (wheel,) = (tmp_path / "wheels").glob(f"{PROJECT['project']['name']}-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    source = ROOT / "operator"
+    source = ROOT / "src"
     modules = {p.relative_to(source).as_posix() for p in source.rglob("unthrottle/**/*.py")}
     assert modules and modules <= names, sorted(modules - names)[:5]
     assert "unthrottle/py.typed" in names
@@ -287,9 +287,9 @@ def test_the_labels_say_what_pyproject_says() -> None:
 
 @pytest.mark.parametrize(
     ("path", "left_out"),
-    [("operator/unthrottle/cli/main.py", False), ("pyproject.toml", False),
-     ("operator/unthrottle/__pycache__/x.pyc", True), (".venv/bin/python", True),
-     ("tests/test_chart.py", True), ("operator/unthrottle.egg-info/PKG-INFO", True)],
+    [("src/unthrottle/cli/main.py", False), ("pyproject.toml", False),
+     ("src/unthrottle/__pycache__/x.pyc", True), (".venv/bin/python", True),
+     ("tests/test_chart.py", True), ("src/unthrottle.egg-info/PKG-INFO", True)],
 )  # fmt: skip
 def test_the_dockerignore_matcher_reads_patterns_as_docker_does(path: str, left_out: bool) -> None:
     lines = (ROOT / ".dockerignore").read_text().splitlines()

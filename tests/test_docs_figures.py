@@ -422,7 +422,7 @@ QUOTES: list[Quote] = [
     ("docs/benchmarks.md", "(about {} minutes, the figure the README", fresh_machine_minutes),
     ("README.md", "about {} minutes on 2 cores with the module download", fresh_machine_minutes),
     ("README.md", "(about {} minutes on 2 cores the first time", fresh_machine_minutes),
-    ("operator/unthrottle/devtools/kube/build.py", "(from cold about {} minutes on 2 cores",
+    ("lab/src/unthrottle_lab/kube/build.py", "(from cold about {} minutes on 2 cores",
      fresh_machine_minutes),
     ("README.md", "prints the line once all are ready (about {} s)",
      lambda: number(results("controlplane.json")["start_median_s"])),
@@ -466,7 +466,7 @@ QUOTES: list[Quote] = [
      lambda: open_pool_load("beside one hog", "no limit")),
     ("docs/benchmarks.md", "two hogs, isolated, {} ms with or without",
      lambda: open_pool_load("beside two hogs, isolated", "no limit", "1.2 CPU")),
-    ("operator/unthrottle/lab/isolation.py", "the open pool measured p95 {} ms",
+    ("lab/src/unthrottle_lab/isolation.py", "the open pool measured p95 {} ms",
      lambda: open_pool_load("beside two hogs, isolated", "no limit", "1.2 CPU")),
     # one container under a pod-level quota (§3, README)
     ("README.md", "its throttled time {} s against", lambda: pod_quota(

@@ -41,7 +41,7 @@ QUOTES: list[tuple[str, str, Callable[[], object]]] = [
      lambda: ratios(lambda a, p: p["sum_throttled_s"] / a["container_throttled_s"])),
     ("docs/model.md", "where the kernel's sum was {}× the container's alone",
      lambda: ratios(lambda a, p: p["sum_throttled_s"] / a["container_throttled_s"])),
-    ("operator/unthrottle/cfs/pod.py", "the two added up to {}× the throttled time",
+    ("src/unthrottle/cfs/pod.py", "the two added up to {}× the throttled time",
      lambda: ratios(lambda a, p: p["sum_throttled_s"] / a["container_throttled_s"])),
     ("docs/model.md", "and the wait {}× the sum",
      lambda: ratios(lambda _, p: p["wait_s"] / p["sum_throttled_s"])),

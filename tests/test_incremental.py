@@ -13,14 +13,14 @@ import pytest
 
 from prom import PrometheusServer, requires_prometheus
 from test_recording_rules import rules
-from unthrottle.metrics.evidence import (
+from unthrottle.evidence.fetching import (
     QUERIES_WITH_OWNERS,
     ContainerEvidence,
     Slot,
     WorkloadKey,
     fetch,
 )
-from unthrottle.metrics.incremental import fetch_slots, range_queries, steps
+from unthrottle.evidence.incremental import fetch_slots, range_queries, steps
 from unthrottle.metrics.source import MetricsError, PrometheusConfig, PrometheusSource
 from unthrottle.model.owners import Owners
 

@@ -30,10 +30,10 @@ from prom import PrometheusServer, requires_prometheus
 from shop import Workload, deployment, openmetrics
 from test_apply import NOW, T0, World, running
 from unthrottle.cgroups import Cgroup, Layout
-from unthrottle.devtools.kube import REAL_NODE_TAINT, ControlPlane, RealNode
-from unthrottle.devtools.processes import stop
-from unthrottle.devtools.prometheus import free_port
 from unthrottle.kube.patching import RECORD_ANNOTATION, Record
+from unthrottle_lab.children import stop
+from unthrottle_lab.kube import REAL_NODE_TAINT, ControlPlane, RealNode
+from unthrottle_lab.prometheus import free_port
 
 pytestmark = [requires_prometheus, pytest.mark.kernel]
 PODS = "v1/pods"
@@ -65,7 +65,7 @@ def _on_node(obj: dict[str, Any], node: RealNode, **container: Any) -> dict[str,
                 volumes=[{"name": "scenario", "configMap": {"name": "idle"}}])  # fmt: skip
     (c,) = spec["containers"]
     c.update(image=node.images["workload"].name, imagePullPolicy="Never",
-             args=["lab", "workload", "/scenario/scenario.yaml"],
+             args=["workload", "/scenario/scenario.yaml"],
              volumeMounts=[{"name": "scenario", "mountPath": "/scenario"}],
              **container)  # fmt: skip
     return out
@@ -419,7 +419,7 @@ def test_a_kubelet_with_the_static_cpu_manager_finds_the_resize_infeasible(
 
 def _requested(pod: dict[str, Any]) -> int:
     """Millicores of CPU the pod requests, as the kubelet counts them (its containers')."""
-    from unthrottle.cfs.settings import parse_cpu
+    from unthrottle.units import parse_cpu
 
     return sum(parse_cpu(((c.get("resources") or {}).get("requests") or {}).get("cpu", "0"))
                for c in pod["spec"]["containers"])  # fmt: skip
@@ -448,7 +448,7 @@ def _fill_the_node(rw: RealWorld, node: RealNode, *, leave_m: int) -> None:
     kubelet would take the resize), then sizes the filler from the node's allocatable
     minus what this test's pods request. A filler the kubelet still refuses (OutOfcpu: a
     pod it had not yet forgotten) is made again."""
-    from unthrottle.cfs.settings import format_cpu, parse_cpu
+    from unthrottle.units import format_cpu, parse_cpu
 
     found = rw.kube.get("v1/nodes", None, node.name)
     assert found is not None

@@ -16,7 +16,6 @@ import pytest
 
 from kube import Kube, KubeError
 from realistic import NON_ASCII, URL, container, deployment
-from unthrottle.cfs.settings import parse_cpu
 from unthrottle.kube.deployments import KubeDeployments, PatchConflict, PatchRefused
 from unthrottle.kube.patching import (
     RECORD_ANNOTATION,
@@ -28,6 +27,7 @@ from unthrottle.kube.patching import (
     rollback_patch,
 )
 from unthrottle.operator.gates import rollout
+from unthrottle.units import parse_cpu
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOYMENTS = "apps/v1/deployments"

@@ -11,9 +11,9 @@ import pytest
 
 from kube import Kube, fresh_name
 from realistic import NON_ASCII, URL, container, deployment
-from unthrottle.cfs.settings import DEFAULT_PERIOD_US
 from unthrottle.kube.workloads import KubeWorkloadStore
 from unthrottle.recommend import Runtime
+from unthrottle.units import DEFAULT_PERIOD_US
 
 DEPLOYMENTS = "apps/v1/deployments"
 

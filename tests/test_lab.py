@@ -13,11 +13,12 @@ import pytest
 
 from helpers import worker_pids
 from unthrottle.cgroups import Layout
-from unthrottle.lab import LabOptions, run_scenario
-from unthrottle.lab.agreement import cfs_latency
-from unthrottle.model.scenario import parse_scenario
+from unthrottle_lab.agreement import cfs_latency
+from unthrottle_lab.runner import LabOptions, run_scenario
+from unthrottle_lab.scenario import parse_scenario
 
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
+UNTHROTTLE_LAB = Path(sys.executable).with_name("unthrottle-lab")
 
 QUICK = parse_scenario(
     {
@@ -59,7 +60,7 @@ def test_a_batch_waits_its_think_time_between_rounds(layout: Layout) -> None:
     for fig in (free, limited):  # 4 gaps of 60 ms: sleeping is never shorter, whatever the load
         assert fig.wall_ms >= 4 * 60 + 5 * 8
     # The other processes at idle priority, a round comes on time (437 ms was seen beside
-    # two hogs without isolation); less what the host took (steal: lab/worker.py).
+    # two hogs without isolation); less what the host took (steal: unthrottle_lab/worker.py).
     assert free.wall_ms - free.extra["lost_ms"] < 4 * 60 + 5 * 8 + 150
     # the idle time between rounds is not a round's latency
     assert cfs_latency(free).max < 60
@@ -67,8 +68,8 @@ def test_a_batch_waits_its_think_time_between_rounds(layout: Layout) -> None:
 
 @pytest.mark.kernel
 def test_lab_tune_runs_the_paced_batch_it_was_given(layout: Layout) -> None:
-    from unthrottle.lab.tune import tune
     from unthrottle.recommend import Policy
+    from unthrottle_lab.tune import tune
 
     scenario = PACED_BATCH.model_copy(update={"runs": PACED_BATCH.runs[1:]})
     policy = Policy(min_millicores=10, max_millicores=4000, max_step_up=100, max_step_down=0.01)
@@ -100,7 +101,7 @@ def test_an_interrupted_lab_removes_its_cgroups_and_ends_its_workers(
     )
     before = worker_pids()
     proc = subprocess.Popen(
-        [str(UNTHROTTLE), "lab", "run", str(long)],
+        [str(UNTHROTTLE_LAB), "run", str(long)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         preexec_fn=inherited,  # noqa: PLW1509 - the test starts no threads before it
@@ -132,7 +133,7 @@ def test_a_boundary_between_the_last_task_and_the_read_is_outside_the_span(
     end: int, read_at: int, periods: int
 ) -> None:
     from unthrottle.cgroups import CpuStat
-    from unthrottle.lab.runner import _within_span
+    from unthrottle_lab.runner import _within_span
 
     delta = CpuStat(0, 12, 11, 0, 0, 0)
     # grid at 0, 100 µs periods: a boundary at 1,000,000 ns
@@ -143,7 +144,7 @@ def test_a_boundary_between_the_last_task_and_the_read_is_outside_the_span(
 def test_the_partial_periods_throttle_goes_out_with_it_when_the_counters_prove_it() -> None:
     """Seen in CI beside a hog: 10 periods, 10 throttled, a boundary 60 µs after the end."""
     from unthrottle.cgroups import CpuStat
-    from unthrottle.lab.runner import _within_span
+    from unthrottle_lab.runner import _within_span
 
     every = _within_span(CpuStat(501_219, 10, 10, 498_453, 0, 0), 0, 100_000, 999_940, 1_000_100)
     assert (every.nr_periods, every.nr_throttled) == (9, 9)

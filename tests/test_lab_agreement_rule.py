@@ -14,7 +14,7 @@ from functools import cache
 
 from conftest import ROOT
 from test_docs_figures import results
-from unthrottle.lab.agreement import LEFT_ALONE_LOST_MS, Comparison, RunAgreement
+from unthrottle_lab.agreement import LEFT_ALONE_LOST_MS, Comparison, RunAgreement
 
 sys.path.insert(0, str(ROOT / "bench"))
 import lab_vs_model

@@ -23,14 +23,14 @@ import numpy as np
 import pytest
 
 from test_lab_seeds import MORE_REPEATS, REMEASURE_LOST_MS
-from unthrottle.cfs.figures import RunFigures
 from unthrottle.cgroups import Layout
-from unthrottle.lab import LabOptions, run_sampled
-from unthrottle.lab.agreement import compare
-from unthrottle.lab.processes import NEIGHBOUR_PREFIX
-from unthrottle.lab.tune import evidence_of
-from unthrottle.model.scenario import RunSpec, parse_scenario
 from unthrottle.recommend import Current, PeriodEvidence, Policy, Strategy, recommend
+from unthrottle_lab.agreement import compare
+from unthrottle_lab.figures import RunFigures
+from unthrottle_lab.processes import NEIGHBOUR_PREFIX
+from unthrottle_lab.runner import LabOptions, run_sampled
+from unthrottle_lab.scenario import RunSpec, parse_scenario
+from unthrottle_lab.tune import evidence_of
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
 

@@ -12,11 +12,11 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from helpers import worker_pids
-from unthrottle.cfs import Bandwidth
 from unthrottle.cgroups import Cgroup, Layout
-from unthrottle.lab import LabOptions, run_run, run_sampled
-from unthrottle.lab.processes import LabError
-from unthrottle.model.scenario import RunSpec, parse_scenario
+from unthrottle.units import Bandwidth
+from unthrottle_lab.processes import LabError
+from unthrottle_lab.runner import LabOptions, run_run, run_sampled
+from unthrottle_lab.scenario import RunSpec, parse_scenario
 
 pytestmark = pytest.mark.kernel
 

@@ -13,8 +13,8 @@ import pytest
 
 from conftest import cpu_cgroup_of
 from unthrottle.cgroups import Cgroup, Layout
-from unthrottle.devtools.processes import foreign_hogs
-from unthrottle.lab.isolation import PREFIX, Isolation
+from unthrottle_lab.children import foreign_hogs
+from unthrottle_lab.isolation import PREFIX, Isolation
 
 pytestmark = pytest.mark.kernel
 
@@ -78,8 +78,8 @@ def test_a_cgroup_left_by_a_killed_lab_is_emptied_and_removed(
 
 
 def test_a_run_says_how_many_processes_it_isolated(layout: Layout, hogs: list[int]) -> None:
-    from unthrottle.lab import LabOptions, run_scenario
-    from unthrottle.model.scenario import parse_scenario
+    from unthrottle_lab.runner import LabOptions, run_scenario
+    from unthrottle_lab.scenario import parse_scenario
 
     workload = {"kind": "serial", "task_cpu_ms": 5, "tasks": 4}
     scenario = parse_scenario({"name": "quick", "workload": workload, "runs": [{"cpus": 0.5}]})

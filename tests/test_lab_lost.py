@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import pytest
 
 from helpers import CgroupTree
-from unthrottle.cfs import Bandwidth
 from unthrottle.cgroups import Layout
-from unthrottle.lab.noise import steal_ms
-from unthrottle.lab.processes import Workers
+from unthrottle.units import Bandwidth
+from unthrottle_lab.noise import steal_ms
+from unthrottle_lab.processes import Workers
 
 pytestmark = pytest.mark.kernel
 MS = 1_000_000

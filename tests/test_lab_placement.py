@@ -13,7 +13,7 @@ import pytest
 
 from conftest import cpu_cgroup_of
 from unthrottle.cgroups import Layout
-from unthrottle.lab.processes import NEIGHBOUR_PREFIX, OtherThreads, kill_and_reap, pin_apart
+from unthrottle_lab.processes import NEIGHBOUR_PREFIX, OtherThreads, kill_and_reap, pin_apart
 
 CPUS = sorted(os.sched_getaffinity(0))
 

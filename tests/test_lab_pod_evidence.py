@@ -6,11 +6,13 @@ from __future__ import annotations
 import numpy as np
 from rich.console import Console
 
-from unthrottle.cfs import Bandwidth, Kind, Machine, Workload, simulate_tasks
-from unthrottle.cli.output import figures_table
-from unthrottle.lab.sampling import PeriodSamples
-from unthrottle.lab.tune import spec_for, throttle_ratio
-from unthrottle.model.scenario import parse_scenario
+from unthrottle.units import Bandwidth
+from unthrottle_lab.output import figures_table
+from unthrottle_lab.sampling import PeriodSamples
+from unthrottle_lab.scenario import parse_scenario
+from unthrottle_lab.sim.tasks import Machine, simulate_tasks
+from unthrottle_lab.tune import spec_for, throttle_ratio
+from unthrottle_lab.workload import Kind, Workload
 
 BATCH = Workload(Kind.BATCH, task_cpu_us=60_000, workers=2, tasks=10)
 ONE_CPU = Bandwidth(100_000, 100_000)

@@ -20,15 +20,16 @@ import pytest
 from conftest import KERNEL_LAYOUT, ROOT
 from test_lab_seeds import MORE_REPEATS, disturbed
 from test_lab_tune import MET, assert_small, judged
-from unthrottle.cfs import RunFigures
 from unthrottle.cfs.pod import stalled_us
-from unthrottle.lab import LabOptions, run_scenario
-from unthrottle.lab.agreement import agreement
-from unthrottle.model.scenario import load_scenario
+from unthrottle_lab.agreement import agreement
+from unthrottle_lab.figures import RunFigures
+from unthrottle_lab.runner import LabOptions, run_scenario
+from unthrottle_lab.scenario import load_scenario
 
 pytestmark = pytest.mark.kernel
 
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
+UNTHROTTLE_LAB = Path(sys.executable).with_name("unthrottle-lab")
 POD_BATCH = ROOT / "scenarios" / "pod-quota-batch.yaml"
 REPEATS = 2
 POD_OPTIONS = LabOptions(isolate=True, pin=True)
@@ -131,7 +132,7 @@ def test_the_model_agrees_with_every_run_of_the_pod_scenario(
 
 def tune(path: Path) -> dict[str, Any]:
     out = subprocess.run(
-        [str(UNTHROTTLE), "lab", "tune", "--json", "--isolate", "--pin", str(path)],
+        [str(UNTHROTTLE_LAB), "tune", "--json", "--isolate", "--pin", str(path)],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr

@@ -3,7 +3,7 @@
 ``bench/results/lab-vs-model.json`` holds every seed scenario measured twice by
 ``bench/lab_vs_model.py`` (each run with the period phase, tick phase, HZ and wake-up
 the lab measured). The model is run at those phases and held to the rules of
-``unthrottle.lab.agreement``; docs/benchmarks.md §3 quotes the table printed here.
+``unthrottle_lab.agreement``; docs/benchmarks.md §3 quotes the table printed here.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 
 from conftest import ROOT, SCENARIOS
-from unthrottle.cfs.figures import RunFigures
-from unthrottle.cfs.workload import Workload
-from unthrottle.cli.output import lost_notes
-from unthrottle.lab.agreement import RATIO_TOLERANCE, Comparison, compare, latency_close
-from unthrottle.model.scenario import RunSpec, load_scenario
+from unthrottle_lab.agreement import RATIO_TOLERANCE, Comparison, compare, latency_close
+from unthrottle_lab.figures import RunFigures
+from unthrottle_lab.output import lost_notes
+from unthrottle_lab.scenario import RunSpec, load_scenario
+from unthrottle_lab.workload import Workload
 
 sys.path.insert(0, str(ROOT / "bench"))
 import lab_vs_model
@@ -90,7 +90,7 @@ def test_a_knife_edge_run_says_so_in_its_scenario_file() -> None:
     runs = [(load_scenario(p).name, r) for p in SCENARIOS for r in load_scenario(p).runs]
     latency = {(name, r.label()): r.latency_tolerance for name, r in runs if r.latency_tolerance}
     assert latency == {("seed-004-open-pool", "0.6 CPU"): 0.25}
-    source = Path(ROOT / "operator" / "unthrottle" / "lab" / "agreement.py").read_text()
+    source = Path(ROOT / "lab" / "src" / "unthrottle_lab" / "agreement.py").read_text()
     assert "seed-" not in source  # the product knows no scenario by name
 
 

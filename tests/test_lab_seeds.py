@@ -15,7 +15,7 @@ Every assertion holds on a busy 2-core machine as on a quiet one, and none skips
   a whole task in both measurements (p95 110.6 ms against the model's 60.1 ms).
 - the phenomena in every measurement whose runs the host took under a tenth of their CPU
   time from (steal), the scenario measured again where it took more (``Lab.judged``);
-- agreement by the rules of ``unthrottle.lab.agreement``: within tolerance of at
+- agreement by the rules of ``unthrottle_lab.agreement``: within tolerance of at
   least one of the kernel's two measurements of each run, the latency tolerance
   widened by what the machine adds without a limit.
 
@@ -31,12 +31,12 @@ from dataclasses import dataclass, field
 import pytest
 
 from conftest import KERNEL_LAYOUT, SCENARIOS
-from unthrottle.cfs import RunFigures
-from unthrottle.cfs.workload import Kind, Workload
-from unthrottle.lab import LabOptions, run_scenario
-from unthrottle.lab.agreement import LEFT_ALONE_LOST_MS, RunAgreement, agreement, cfs_latency
-from unthrottle.lab.noise import OtherLoad
-from unthrottle.model.scenario import RunSpec, load_scenario
+from unthrottle_lab.agreement import LEFT_ALONE_LOST_MS, RunAgreement, agreement, cfs_latency
+from unthrottle_lab.figures import RunFigures
+from unthrottle_lab.noise import OtherLoad
+from unthrottle_lab.runner import LabOptions, run_scenario
+from unthrottle_lab.scenario import RunSpec, load_scenario
+from unthrottle_lab.workload import Kind, Workload
 
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
 
@@ -244,7 +244,7 @@ def disturbed(run: RunAgreement) -> bool:
 
 def test_the_model_agrees_with_the_kernel_run_by_run(lab: Lab) -> None:
     """Each run against the model at the phase the lab measured, by the rules of
-    ``unthrottle.lab.agreement``; every verdict is printed with the kernel's spread.
+    ``unthrottle_lab.agreement``; every verdict is printed with the kernel's spread.
 
     A scenario with a run that disagrees only in measurements the host took from
     (:data:`REMEASURE_LOST_MS`) is measured again, at most :data:`MORE_REPEATS` times; a

@@ -28,6 +28,7 @@ from test_lab_seeds import REMEASURE_LOST_MS
 pytestmark = [pytest.mark.kernel, pytest.mark.slow]
 
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
+UNTHROTTLE_LAB = Path(sys.executable).with_name("unthrottle-lab")
 SAVED = json.loads((ROOT / "bench" / "results" / "tune-shared.json").read_text())
 MINIMUM = {row["scenario"]: row["minimum_millicores"] for row in SAVED["rows"]}
 """The kernel's own minimum beside the scenario's other threads: the smallest limit whose
@@ -50,7 +51,7 @@ MORE_TUNES = 2
 def tuned(name: str) -> dict[str, Any]:
     assert KERNEL_LAYOUT is not None, "conftest fails a CI run without a cgroup CPU controller"
     out = subprocess.run(
-        [str(UNTHROTTLE), "lab", "tune", "--json", "--isolate", "--no-baselines",
+        [str(UNTHROTTLE_LAB), "tune", "--json", "--isolate", "--no-baselines",
          str(ROOT / "scenarios" / f"{name}.yaml")],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
@@ -107,7 +108,7 @@ def test_beside_a_busy_neighbour_the_kernel_lands_in_the_range_near_its_minimum(
     assert top <= GOAL * floor or floor / GOAL <= bottom <= GOAL * floor, (bottom, top, floor)
     # printed in the tune's table: what a reviewer reads beside what the kernel measured
     shown = subprocess.run(
-        [str(UNTHROTTLE), "lab", "tune", "--isolate", "--no-baselines",
+        [str(UNTHROTTLE_LAB), "tune", "--isolate", "--no-baselines",
          str(ROOT / "scenarios" / f"{name}.yaml")],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip

@@ -26,14 +26,15 @@ from conftest import KERNEL_LAYOUT, ROOT
 from helpers import worker_pids
 from test_lab_seeds import MORE_REPEATS, disturbed
 from test_lab_tune import MET, OVER, judged
-from unthrottle.cfs import RunFigures
 from unthrottle.cgroups import Layout
-from unthrottle.lab.agreement import agreement
-from unthrottle.lab.sampling import pod_share_us
-from unthrottle.metrics.evidence import share_pod_throttling
-from unthrottle.model.scenario import load_scenario
+from unthrottle.evidence.fetching import share_pod_throttling
+from unthrottle_lab.agreement import agreement
+from unthrottle_lab.figures import RunFigures
+from unthrottle_lab.sampling import pod_share_us
+from unthrottle_lab.scenario import load_scenario
 
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
+UNTHROTTLE_LAB = Path(sys.executable).with_name("unthrottle-lab")
 POD_SIDECAR = ROOT / "scenarios" / "pod-sidecar-batch.yaml"
 TUNE_SIDECAR = ROOT / "scenarios" / "tune-batch-sidecar.yaml"
 REPEATS = 2
@@ -70,7 +71,7 @@ class TestEachContainersShareOfThePodsStall:
 
 
 def lab(*args: str) -> str:
-    out = subprocess.run([str(UNTHROTTLE), "lab", *args], capture_output=True, text=True,
+    out = subprocess.run([str(UNTHROTTLE_LAB), *args], capture_output=True, text=True,
                          timeout=600, check=False)  # fmt: skip
     assert out.returncode == 0, out.stderr
     return out.stdout
@@ -206,7 +207,7 @@ def test_an_interrupted_two_container_run_leaves_no_cgroup_and_no_worker(
         "tasks: 500}}}]\n"
     )
     before = worker_pids()
-    proc = subprocess.Popen([str(UNTHROTTLE), "lab", "run", str(long)],
+    proc = subprocess.Popen([str(UNTHROTTLE_LAB), "run", str(long)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     try:
         deadline = time.monotonic() + 10

@@ -47,7 +47,7 @@ def test_the_prometheus_launcher_is_importable_without_pytest() -> None:
         "import sys\n"
         "sys.modules['pytest'] = None  # importing it now raises ImportError\n"
         f"sys.path.insert(0, {str(ROOT / 'bench')!r})\n"
-        "from unthrottle.devtools.prometheus import PrometheusServer, free_port\n"
+        "from unthrottle_lab.prometheus import PrometheusServer, free_port\n"
         "import cluster_query\n"
         "import runpy\n"
         f"runpy.run_path({str(ROOT / 'demo' / 'recommend_demo.py')!r}, run_name='not_main')\n"
@@ -60,7 +60,7 @@ def test_the_prometheus_launcher_is_importable_without_pytest() -> None:
 
 def test_the_tests_keep_their_names_for_the_launcher() -> None:
     from prom import PrometheusServer, free_port
-    from unthrottle.devtools import prometheus
+    from unthrottle_lab import prometheus
 
     assert PrometheusServer is prometheus.PrometheusServer
     assert free_port is prometheus.free_port

@@ -1,4 +1,4 @@
-"""`unthrottle lab tune`: today's settings measured, ours proven on the kernel (slow, root)."""
+"""`unthrottle-lab tune`: today's settings measured, ours proven on the kernel (slow, root)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from conftest import KERNEL_LAYOUT, ROOT
 from test_lab_seeds import REMEASURE_LOST_MS
 
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
+UNTHROTTLE_LAB = Path(sys.executable).with_name("unthrottle-lab")
 RUN_KEYS = {"limit", "latency_ms", "wall_ms", "nr_periods", "nr_throttled", "throttled_ms",
             "nr_bursts", "burst_ms", "throttle_ratio"}  # fmt: skip
 MET = 0.05 + 0.02
@@ -127,7 +128,7 @@ def test_tune_brings_a_throttled_workload_under_the_target_where_vpa_does_not() 
 
     def run_tune() -> dict[str, Any]:
         out = subprocess.run(
-            [str(UNTHROTTLE), "lab", "tune", "--json", "--isolate", str(scenario)],
+            [str(UNTHROTTLE_LAB), "tune", "--json", "--isolate", str(scenario)],
             capture_output=True, text=True, timeout=300, check=False,
         )  # fmt: skip
         assert out.returncode == 0, out.stderr
@@ -162,7 +163,7 @@ def test_tune_brings_a_throttled_workload_under_the_target_where_vpa_does_not() 
 def test_a_bad_target_is_refused_naming_the_field_before_anything_runs() -> None:
     scenario = ROOT / "scenarios" / "seed-002-burst.yaml"
     out = subprocess.run(
-        [str(UNTHROTTLE), "lab", "tune", "--target", "1.5", str(scenario)],
+        [str(UNTHROTTLE_LAB), "tune", "--target", "1.5", str(scenario)],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert out.returncode == 2
@@ -181,7 +182,7 @@ def test_on_a_busy_node_tune_meets_the_target_under_the_same_contention() -> Non
     assert KERNEL_LAYOUT is not None, "conftest fails a CI run without a cgroup CPU controller"
     scenario = ROOT / "scenarios" / "tune-serial-busy.yaml"
     out = subprocess.run(
-        [str(UNTHROTTLE), "lab", "tune", "--json", "--isolate", "--no-baselines", str(scenario)],
+        [str(UNTHROTTLE_LAB), "tune", "--json", "--isolate", "--no-baselines", str(scenario)],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
@@ -207,7 +208,7 @@ def tune_as_the_operator_reads(name: str) -> dict[str, Any]:
     assert KERNEL_LAYOUT is not None, "conftest fails a CI run without a cgroup CPU controller"
     scenario = ROOT / "scenarios" / f"{name}.yaml"
     out = subprocess.run(
-        [str(UNTHROTTLE), "lab", "tune", "--json", "--isolate", "--pin", "--no-baselines",
+        [str(UNTHROTTLE_LAB), "tune", "--json", "--isolate", "--pin", "--no-baselines",
          "--evidence", "agent", str(scenario)],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
@@ -266,7 +267,7 @@ def test_peaks_that_stand_apart_keep_a_burst_and_meet_the_target() -> None:
 def test_an_unknown_evidence_view_is_refused_naming_the_option() -> None:
     scenario = ROOT / "scenarios" / "seed-002-burst.yaml"
     out = subprocess.run(
-        [str(UNTHROTTLE), "lab", "tune", "--evidence", "raw", str(scenario)],
+        [str(UNTHROTTLE_LAB), "tune", "--evidence", "raw", str(scenario)],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert out.returncode == 2

@@ -20,10 +20,10 @@ import numpy as np
 
 from conftest import ROOT
 from unthrottle.cgroups import CpuStat
-from unthrottle.lab.agentview import View, as_read
-from unthrottle.lab.sampling import LATE_NS, PeriodSamples, Reading, Refills, attribute
-from unthrottle.lab.tune import evidence_of
 from unthrottle.recommend import Current, Policy, recommend
+from unthrottle_lab.agentview import View, as_read
+from unthrottle_lab.sampling import LATE_NS, PeriodSamples, Reading, Refills, attribute
+from unthrottle_lab.tune import evidence_of
 
 sys.path.insert(0, str(ROOT / "bench"))
 import late_readings

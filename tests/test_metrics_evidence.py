@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from prom import PrometheusServer, requires_prometheus
-from unthrottle.metrics.evidence import QUERIES_WITH_OWNERS, WorkloadKey, fetch, queries
+from unthrottle.evidence.fetching import QUERIES_WITH_OWNERS, WorkloadKey, fetch, queries
 from unthrottle.metrics.source import MetricsError, PrometheusConfig, PrometheusSource
 from unthrottle.recommend import Current, Policy, Strategy, recommend
 from unthrottle.recommend.engine import ORDER_UNKNOWN

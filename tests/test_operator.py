@@ -20,8 +20,8 @@ from kube_faults import FaultProxy
 from operator_proc import OperatorProcess
 from prom import PrometheusServer, free_port, requires_prometheus
 from shop import HEALTHY, THROTTLED, Workload, deploy, openmetrics
-from unthrottle.cfs.settings import parse_cpu
-from unthrottle.devtools.kube import ControlPlane
+from unthrottle.units import parse_cpu
+from unthrottle_lab.kube import ControlPlane
 
 pytestmark = requires_prometheus
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")

@@ -17,12 +17,12 @@ from typer.testing import CliRunner
 
 from conftest import ROOT
 from unthrottle.cli.main import app
-from unthrottle.devtools.kube import ControlPlane
 from unthrottle.model.crd import crd, crd_yaml, spec_reference_markdown, with_reference_tables
 from unthrottle.model.durations import format_duration, parse_duration
 from unthrottle.model.policy import SpecError, ThrottlePolicySpec, parse_spec
 from unthrottle.model.status import ThrottlePolicyStatus
 from unthrottle.recommend import Policy, Strategy
+from unthrottle_lab.kube import ControlPlane
 
 CRD_FILE = ROOT / "crds" / "throttlepolicy.yaml"
 DOC_FILE = ROOT / "docs" / "throttlepolicy.md"

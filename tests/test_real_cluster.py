@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from unthrottle.devtools.processes import stop
+from unthrottle_lab.children import stop
 
 KUBECONFIG = os.environ.get("KUBECONFIG", "")
 REACH_TIMEOUT_S = 10

@@ -40,8 +40,8 @@ from test_real_cluster import (  # noqa: F401
     delete_policy,
     pytestmark,
 )
-from unthrottle.cfs.settings import parse_cpu
-from unthrottle.devtools.processes import stop
+from unthrottle.units import parse_cpu
+from unthrottle_lab.children import stop
 
 RECORD = "unthrottle.io/last-applied"
 PERIOD_S = 0.1  # the kubelet's default CFS period

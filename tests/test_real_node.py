@@ -21,7 +21,7 @@ import pytest
 from kube import Kube
 from unthrottle.agent.discovery import discover_kubepods
 from unthrottle.cgroups import Cgroup, Layout
-from unthrottle.devtools.kube import RealNode, scenario_objects
+from unthrottle_lab.kube import RealNode, scenario_objects
 
 pytestmark = pytest.mark.kernel
 
@@ -182,7 +182,7 @@ def test_a_quota_below_the_burst_is_refused_by_the_runtime_and_reported(
 def test_a_second_node_is_refused_and_leaves_the_running_one_alone(
     real_node: RealNode, control_plane: Any, tmp_path: Path
 ) -> None:
-    from unthrottle.devtools.kube import StartError
+    from unthrottle_lab.kube import StartError
 
     with pytest.raises(StartError, match="another real node runs on this machine"):
         RealNode(control_plane, tmp_path / "second").start()

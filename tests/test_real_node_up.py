@@ -1,4 +1,4 @@
-"""``python -m unthrottle.devtools.kube up DIR --nodes 0 --kubelet``: a cluster of one real
+"""``python -m unthrottle_lab.kube up DIR --nodes 0 --kubelet``: a cluster of one real
 node, as a user starts it, described in ``DIR/kubelet.json``; and after a SIGKILL of
 ``up`` nothing of the node is left on the host (its guard sweeps it away)."""
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from unthrottle.devtools.kube import BuildError, ensure_built, ensure_node_built
-from unthrottle.devtools.kube.node import BRIDGE, CONTAINERD_STATE
+from unthrottle_lab.kube import BuildError, ensure_built, ensure_node_built
+from unthrottle_lab.kube.node import BRIDGE, CONTAINERD_STATE
 
 pytestmark = pytest.mark.kernel
 
@@ -54,7 +54,7 @@ def test_up_starts_a_real_node_and_a_sigkill_of_it_leaves_nothing(tmp_path: Path
     info: dict[str, str] = {}
     log = (tmp_path / "up.log").open("wb")
     up = subprocess.Popen(
-        [sys.executable, "-m", "unthrottle.devtools.kube", "up", str(tmp_path / "k"),
+        [sys.executable, "-m", "unthrottle_lab.kube", "up", str(tmp_path / "k"),
          "--nodes", "0", "--kubelet"],
         stdout=subprocess.PIPE, stderr=log, text=True,
     )  # fmt: skip

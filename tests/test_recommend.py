@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unthrottle.cfs import Bandwidth, simulate_series
+from unthrottle.cfs import simulate_series
 from unthrottle.recommend import (
     CounterEvidence,
     Current,
@@ -19,6 +19,7 @@ from unthrottle.recommend import (
     Strategy,
     recommend,
 )
+from unthrottle.units import Bandwidth
 
 PERIOD = 100_000
 

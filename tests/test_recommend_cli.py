@@ -21,8 +21,8 @@ import yaml
 from kube import Kube, fresh_name
 from prom import PrometheusServer, free_port, requires_prometheus
 from test_metrics_evidence import GONE, history
-from unthrottle.cfs.settings import format_cpu
-from unthrottle.devtools.kube import ControlPlane
+from unthrottle.units import format_cpu
+from unthrottle_lab.kube import ControlPlane
 
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
 DEPLOYMENTS = "apps/v1/deployments"

@@ -29,7 +29,7 @@ from prom import PrometheusServer, free_port, requires_prometheus
 from test_agent_kernel import UNTHROTTLE, Workload, start_agent, stop, wait_for
 from test_agent_naming import container_ids
 from unthrottle.cgroups import Layout
-from unthrottle.lab.isolation import Isolation
+from unthrottle_lab.isolation import Isolation
 
 pytestmark = [pytest.mark.kernel, requires_prometheus]
 

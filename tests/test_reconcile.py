@@ -16,12 +16,12 @@ from kube import Kube
 from kube_faults import FaultProxy
 from prom import PrometheusServer, requires_prometheus
 from shop import Workload, deploy, deployment, openmetrics
-from unthrottle.devtools.kube import ControlPlane
 from unthrottle.kube.objects import KubeObjects
 from unthrottle.kube.workloads import KubeWorkloadStore
 from unthrottle.metrics.source import PrometheusConfig, PrometheusSource
 from unthrottle.operator.reconcile import Reconciler
 from unthrottle.operator.settings import OperatorSettings
+from unthrottle_lab.kube import ControlPlane
 
 pytestmark = requires_prometheus
 POLICIES = "unthrottle.io/v1alpha1/throttlepolicies"
@@ -201,7 +201,7 @@ def restore(kube: Kube, w: Workload) -> None:
 
 
 def test_a_restarted_operator_reads_only_the_gap_from_its_checkpoint(world: World) -> None:
-    from unthrottle.operator.evidence import IncrementalReader
+    from unthrottle.scan.readers import IncrementalReader
 
     clock = [float(int(time.time()) // 60 * 60 - 1800)]
 
@@ -231,7 +231,7 @@ def test_a_restarted_operator_reads_only_the_gap_from_its_checkpoint(world: Worl
 def test_a_policy_named_at_the_63_character_limit_gets_its_report_and_checkpoint(
     world: World,
 ) -> None:
-    from unthrottle.operator.evidence import CHECKPOINT_LABEL, IncrementalReader
+    from unthrottle.scan.readers import CHECKPOINT_LABEL, IncrementalReader
 
     assert len(LONGEST) == 63
     clock = [float(int(time.time()) // 60 * 60 - 1800)]
@@ -302,7 +302,7 @@ def test_a_configmap_of_the_reports_name_that_the_policy_does_not_own_is_left_un
     """Whoever may write a policy must not have another's ConfigMap replaced (and then
     garbage-collected with the policy): one named like the policy's report or checkpoint
     is left as it is, and the policy says which and why, in a condition and an event."""
-    from unthrottle.operator.evidence import IncrementalReader
+    from unthrottle.scan.readers import IncrementalReader
 
     def configmap(name: str) -> dict[str, Any]:
         return {"apiVersion": "v1", "kind": "ConfigMap",

@@ -15,9 +15,9 @@ import pytest
 
 from prom import PrometheusServer, requires_prometheus
 from test_metrics_evidence import HOUR, history
-from unthrottle.devtools.prometheus import RULE_BLOCK_S
-from unthrottle.metrics.evidence import WorkloadKey, fetch, recorded_covers
+from unthrottle.evidence.fetching import WorkloadKey, fetch, recorded_covers
 from unthrottle.metrics.source import PrometheusConfig, PrometheusSource
+from unthrottle_lab.prometheus import RULE_BLOCK_S
 
 pytestmark = requires_prometheus
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")

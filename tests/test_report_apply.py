@@ -21,7 +21,6 @@ from kube import JSON_PATCH, Kube
 from prom import PrometheusServer, requires_prometheus
 from shop import Workload, deploy, rehash
 from test_report_counters import LINE, SVG, UNTHROTTLE, Pods, counters, plot_sections
-from unthrottle.devtools.kube import ControlPlane
 from unthrottle.kube.objects import KubeObjects
 from unthrottle.kube.patching import ContainerChange, Record, Settings, apply_patch
 from unthrottle.kube.workloads import KubeWorkloadStore
@@ -29,6 +28,7 @@ from unthrottle.metrics.source import PrometheusConfig, PrometheusSource
 from unthrottle.operator.reconcile import Reconciler
 from unthrottle.operator.settings import OperatorSettings
 from unthrottle.report.thinning import CONFIGMAP_POINTS
+from unthrottle_lab.kube import ControlPlane
 
 pytestmark = requires_prometheus
 POLICIES = "unthrottle.io/v1alpha1/throttlepolicies"

@@ -21,9 +21,9 @@ from kube_faults import FaultProxy
 from prom import requires_prometheus
 from test_recommend_cli import prometheus  # noqa: F401 (a fixture: a real Prometheus)
 from test_report_model import synthetic
-from unthrottle.devtools.kube import ControlPlane
 from unthrottle.report import Report
 from unthrottle.report.kustomize import MARKER
+from unthrottle_lab.kube import ControlPlane
 
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
 POLICIES = "unthrottle.io/v1alpha1/throttlepolicies"

@@ -34,11 +34,11 @@ from test_report_html import (  # noqa: F401 (browser: a fixture)
     browser,
     requires_browser,
 )
-from unthrottle.devtools.kube import ControlPlane
-from unthrottle.metrics.plots import step_for
+from unthrottle.evidence.plots import step_for
 from unthrottle.metrics.source import PrometheusConfig, PrometheusSource
 from unthrottle.report import Report, render_html
 from unthrottle.scan import ScanRequest, assess, gather, plotted, select, with_series
+from unthrottle_lab.kube import ControlPlane
 
 pytestmark = requires_prometheus
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")

@@ -20,12 +20,12 @@ import yaml
 from kube import Kube
 from prom import requires_prometheus
 from test_report_model import shop_scan, synthetic, with_xss
-from unthrottle.cfs.settings import format_cpu
-from unthrottle.devtools.kube import ControlPlane
 from unthrottle.report import FORMATS, RenderOptions, Report, render
 from unthrottle.report import units as u
 from unthrottle.report.page import SCRIPT_HASH
 from unthrottle.scan import ScanResult
+from unthrottle.units import format_cpu
+from unthrottle_lab.kube import ControlPlane
 
 
 @pytest.fixture(scope="module")

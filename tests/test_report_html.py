@@ -20,8 +20,8 @@ from kube import Kube
 from missing import MISSING
 from prom import requires_prometheus
 from test_report_model import shop_scan, synthetic, with_xss
-from unthrottle.devtools.kube import ControlPlane
 from unthrottle.report import Report, render_html
+from unthrottle_lab.kube import ControlPlane
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "build" / "test-artifacts"

@@ -16,12 +16,12 @@ from kube import Kube
 from prom import requires_prometheus
 from shop import deployment
 from test_report_model import SHOP, shop_scan
-from unthrottle.cfs.settings import format_cpu
-from unthrottle.devtools.kube import ControlPlane, ensure_built
 from unthrottle.recommend import Recommendation, Runtime
 from unthrottle.report import Report, render_kustomize
 from unthrottle.report.model import ReportError
 from unthrottle.scan import ContainerResult, ScanResult, WorkloadResult
+from unthrottle.units import format_cpu
+from unthrottle_lab.kube import ControlPlane, ensure_built
 
 
 def _kubectl() -> str:

@@ -21,11 +21,11 @@ import pytest
 from kube import Kube
 from prom import PrometheusServer, requires_prometheus
 from shop import HEALTHY, THROTTLED, Workload, deploy, openmetrics
-from unthrottle.devtools.kube import ControlPlane
 from unthrottle.kube.workloads import KubeWorkloadStore
 from unthrottle.metrics.source import PrometheusConfig, PrometheusSource
 from unthrottle.report import Report, ReportError, window_text
 from unthrottle.scan import ScanRequest, ScanResult, scan
+from unthrottle_lab.kube import ControlPlane
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 from report_size import synthetic

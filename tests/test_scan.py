@@ -15,11 +15,11 @@ from kube import Kube, fresh_name
 from kube_faults import FaultProxy
 from prom import PrometheusServer, free_port, requires_prometheus
 from shop import HEALTHY, THROTTLED, Workload, deploy, openmetrics
-from unthrottle.devtools.kube import ControlPlane
 from unthrottle.kube.workloads import KubeWorkloadStore
 from unthrottle.metrics.source import MetricsError, PrometheusConfig, PrometheusSource
 from unthrottle.model.selector import parse_selector
 from unthrottle.scan import ClusterError, ProblemKind, ScanRequest, scan
+from unthrottle_lab.kube import ControlPlane
 
 pytestmark = requires_prometheus
 DAY = 86_400

@@ -12,14 +12,15 @@ import pytest
 import yaml
 
 from conftest import SCENARIOS
-from unthrottle.cfs import Bandwidth, Kind
-from unthrottle.model.scenario import (
+from unthrottle.units import Bandwidth
+from unthrottle_lab.scenario import (
     MAX_FILE_BYTES,
     MAX_RUNS,
     ScenarioError,
     load_scenario,
     parse_scenario,
 )
+from unthrottle_lab.workload import Kind
 
 
 def scenario(workload: dict[str, Any] | None = None, runs: list[Any] | None = None) -> Any:

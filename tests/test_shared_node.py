@@ -14,7 +14,6 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from unthrottle.lab.agentview import View, as_read
 from unthrottle.operator.status import container_status
 from unthrottle.recommend import (
     CounterEvidence,
@@ -29,6 +28,7 @@ from unthrottle.recommend import (
 )
 from unthrottle.report import Report, render
 from unthrottle.scan import ContainerResult, ScanResult, WorkloadResult
+from unthrottle_lab.agentview import View, as_read
 
 PERIODS = 300
 

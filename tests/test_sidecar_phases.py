@@ -12,7 +12,7 @@ import pytest
 
 from conftest import ROOT
 from test_docs_figures import prose, results, section
-from unthrottle.lab.agreement import RunAgreement, cfs_latency
+from unthrottle_lab.agreement import RunAgreement, cfs_latency
 
 sys.path.insert(0, str(ROOT / "bench"))
 import lab_vs_model

@@ -13,14 +13,14 @@ import pytest
 
 from prom import PrometheusServer, requires_prometheus
 from shop import Workload, openmetrics
-from unthrottle.metrics.advise import advise
-from unthrottle.metrics.aggregates import CheckpointError
-from unthrottle.metrics.evidence import ContainerEvidence, Slot, WorkloadKey, fetch
-from unthrottle.metrics.incremental import fetch_slots
-from unthrottle.metrics.sliding import SlidingEvidence
+from unthrottle.evidence.aggregates import CheckpointError
+from unthrottle.evidence.fetching import ContainerEvidence, Slot, WorkloadKey, fetch
+from unthrottle.evidence.incremental import fetch_slots
+from unthrottle.evidence.sliding import SlidingEvidence
 from unthrottle.metrics.source import PrometheusConfig, PrometheusSource
 from unthrottle.model.owners import Owners
 from unthrottle.recommend import Current, Policy
+from unthrottle.scan.advise import advise
 
 pytestmark = requires_prometheus
 HOUR = 3600

@@ -17,7 +17,7 @@ from test_apply import (  # collected here too, against this module's fixture
     test_a_regression_after_verification_is_rolled_back_to_the_recorded_values,
     test_prometheus_away_mid_verify_gives_no_verdict_and_no_patch,
 )
-from unthrottle.devtools.kube import ControlPlane
+from unthrottle_lab.kube import ControlPlane
 from victoria import VictoriaMetricsServer, requires_victoria
 
 pytestmark = requires_victoria

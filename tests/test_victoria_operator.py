@@ -23,7 +23,7 @@ from test_operator import (  # collected here too, against this module's fixture
     test_prometheus_stopped_gives_degraded_and_keeps_the_last_good_status,
     test_the_operator_serves_its_metrics_and_liveness,
 )
-from unthrottle.devtools.kube import ControlPlane
+from unthrottle_lab.kube import ControlPlane
 from victoria import VictoriaMetricsServer, requires_victoria
 
 pytestmark = requires_victoria

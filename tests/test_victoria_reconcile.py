@@ -24,9 +24,9 @@ from test_reconcile import (  # collected here too, against this module's fixtur
     test_status_keeps_the_most_harmful_and_says_how_many_were_left_out,
 )
 from test_victoria import RATIO_SLACK, assert_close
-from unthrottle.cfs.settings import parse_cpu
-from unthrottle.devtools.kube import ControlPlane
 from unthrottle.metrics.source import PrometheusConfig, PrometheusSource
+from unthrottle.units import parse_cpu
+from unthrottle_lab.kube import ControlPlane
 from victoria import VictoriaMetricsServer, requires_victoria
 
 pytestmark = requires_victoria

@@ -28,9 +28,9 @@ from test_incremental import history as day_history
 from test_recording_rules import rules
 from test_sliding import BURSTY, CALM, END, KEY, OWNERS, T0, WINDOW, _limit, _read
 from test_victoria import LEAVING_SLACK_M, LIMIT_SLACK_M, RATIO_SLACK, assert_close
-from unthrottle.metrics.evidence import fetch, recorded_covers
-from unthrottle.metrics.incremental import fetch_slots, steps
-from unthrottle.metrics.sliding import SlidingEvidence
+from unthrottle.evidence.fetching import fetch, recorded_covers
+from unthrottle.evidence.incremental import fetch_slots, steps
+from unthrottle.evidence.sliding import SlidingEvidence
 from unthrottle.metrics.source import PrometheusConfig, PrometheusSource
 from victoria import BACKENDS, VictoriaMetricsServer, requires_victoria
 

@@ -34,7 +34,7 @@ import pytest
 
 from missing import MISSING
 from prom import PrometheusServer, free_port, requires_prometheus
-from unthrottle.devtools.processes import stop
+from unthrottle_lab.children import stop
 
 BINARY = "victoria-metrics"
 requires_victoria = pytest.mark.skipif(

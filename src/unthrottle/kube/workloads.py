@@ -1,0 +1,189 @@
+"""Deployments, their containers' CPU settings and runtimes, and which pods they own.
+
+Read through :class:`WorkloadStore`, a narrow interface; :class:`KubeWorkloadStore`
+serves it from the API (raw JSON: only the fields needed are read, so objects
+with fields this version does not know are fine).
+
+The runtime is read from the container's environment, never guessed from an
+image name: ``GOMAXPROCS``, ``GOGC`` or ``GOMEMLIMIT`` mean Go;
+``JAVA_TOOL_OPTIONS``, ``JAVA_OPTS`` or ``JDK_JAVA_OPTIONS`` mean a JVM;
+anything else is unknown, and no processor count is recommended.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from unthrottle.model.burst import BurstAnnotationError, BurstSpec, burst_specs, spec_for
+from unthrottle.model.owners import Owners
+from unthrottle.recommend.estimators import quota_of
+from unthrottle.recommend.types import Runtime
+from unthrottle.units import parse_cpu
+
+_log = logging.getLogger(__name__)
+
+_GO_ENV = {"GOMAXPROCS", "GOGC", "GOMEMLIMIT"}
+_JVM_ENV = {"JAVA_TOOL_OPTIONS", "JAVA_OPTS", "JDK_JAVA_OPTIONS"}
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerSpec:
+    """One container of a Deployment's pod template."""
+
+    name: str
+    limit_millicores: int | None
+    request_millicores: int
+    runtime: Runtime = Runtime.UNKNOWN
+    gomaxprocs_env: int | None = None
+    burst: BurstSpec | None = None
+    """What the pod template's annotation asks for, before it is resolved against the
+    container's quota, which depends on its node's CFS period (:meth:`burst_at`);
+    None: no annotation, or a malformed one."""
+
+    def burst_at(self, period_us: int) -> int:
+        """The burst the annotation gives at this CFS period, µs: a share of the quota is a
+        share of ``limit × period``, and a burst above that quota is clamped to it, as the
+        agent writes it on the node."""
+        if self.burst is None or self.limit_millicores is None:
+            return 0
+        return self.burst.resolve(quota_of(self.limit_millicores, period_us))[0]
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentInfo:
+    """A Deployment and its template's containers."""
+
+    namespace: str
+    name: str
+    containers: dict[str, ContainerSpec] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    """The Deployment's own annotations (``unthrottle.io/ignore`` opts it out)."""
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    """The object as the API served it (Apply mode reads its record, status and template)."""
+
+
+class WorkloadStore(Protocol):
+    """What the recommender needs of the cluster."""
+
+    def deployments(self, namespaces: Iterable[str]) -> list[DeploymentInfo]:
+        """Deployments in these namespaces (all when empty)."""
+        ...
+
+    def pod_owners(self, namespaces: Iterable[str]) -> Owners:
+        """Pods (through their ReplicaSet) and ReplicaSets → the Deployment that owns them."""
+        ...
+
+
+def container_spec(raw: dict[str, Any]) -> ContainerSpec:
+    """A container of a pod template, from the API's JSON."""
+    resources = raw.get("resources") or {}
+    limit = (resources.get("limits") or {}).get("cpu")
+    request = (resources.get("requests") or {}).get("cpu")
+    env = {e.get("name"): e.get("value") for e in raw.get("env") or [] if e.get("name")}
+    runtime = Runtime.UNKNOWN
+    if _GO_ENV & set(env):
+        runtime = Runtime.GO
+    elif _JVM_ENV & set(env):
+        runtime = Runtime.JVM
+    gomaxprocs = env.get("GOMAXPROCS")
+    return ContainerSpec(
+        name=raw.get("name", ""),
+        limit_millicores=parse_cpu(limit) if limit is not None else None,
+        request_millicores=parse_cpu(request) if request is not None else 0,
+        runtime=runtime,
+        gomaxprocs_env=int(gomaxprocs) if gomaxprocs and gomaxprocs.isdigit() else None,
+    )
+
+
+def _with_burst(
+    spec: ContainerSpec, annotations: dict[str, str], meta: dict[str, Any]
+) -> ContainerSpec:
+    """The container with the burst its pod template's annotation asks for (as the agent
+    will write it: clamped to the quota). A malformed annotation counts as none, said once
+    in the log; the agent refuses it the same way."""
+    try:
+        wanted = spec_for(burst_specs(annotations), spec.name)
+    except BurstAnnotationError as error:
+        _log.warning("Deployment %s/%s: %s", meta.get("namespace"), meta.get("name"), error)
+        return spec
+    return spec if wanted is None else replace(spec, burst=wanted)
+
+
+def _owner(meta: dict[str, Any], kind: str) -> str | None:
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("kind") == kind and ref.get("controller", True):
+            return str(ref.get("name"))
+    return None
+
+
+class KubeWorkloadStore:
+    """A :class:`WorkloadStore` over ``kubernetes.client`` (CoreV1Api and AppsV1Api)."""
+
+    def __init__(self, core: Any, apps: Any, *, timeout_s: float = 30.0) -> None:
+        self.core = core
+        self.apps = apps
+        self.timeout_s = timeout_s
+        """Every list call's timeout: a hung API server must not hang the caller."""
+
+    @staticmethod
+    def _items(reply: Any) -> list[dict[str, Any]]:
+        return list(json.loads(reply.data).get("items", []))
+
+    def _list(self, namespaced: Any, everywhere: Any, namespaces: Iterable[str]) -> list[Any]:
+        selected = list(namespaces)
+        options = {"_preload_content": False, "_request_timeout": self.timeout_s}
+        if not selected:
+            return self._items(everywhere(**options))
+        out = []
+        for ns in selected:
+            out += self._items(namespaced(ns, **options))
+        return out
+
+    def deployments(self, namespaces: Iterable[str]) -> list[DeploymentInfo]:
+        """Deployments with their template containers."""
+        out = []
+        apps = self.apps
+        listed = self._list(
+            apps.list_namespaced_deployment, apps.list_deployment_for_all_namespaces, namespaces
+        )
+        for item in listed:
+            meta = item.get("metadata", {})
+            pod_template = (item.get("spec") or {}).get("template") or {}
+            template = pod_template.get("spec") or {}
+            annotations = (pod_template.get("metadata") or {}).get("annotations") or {}
+            specs = [
+                _with_burst(container_spec(c), annotations, meta)
+                for c in template.get("containers") or []
+            ]
+            out.append(DeploymentInfo(meta.get("namespace", ""), meta.get("name", ""),
+                                      {c.name: c for c in specs},
+                                      dict(meta.get("labels") or {}),
+                                      dict(meta.get("annotations") or {}), item))  # fmt: skip
+        return out
+
+    def pod_owners(self, namespaces: Iterable[str]) -> Owners:
+        """Pods and ReplicaSets → Deployment (pods through their ReplicaSet)."""
+        selected = list(namespaces)
+        owners = Owners()
+        apps, core = self.apps, self.core
+        replica_sets = self._list(
+            apps.list_namespaced_replica_set, apps.list_replica_set_for_all_namespaces, selected
+        )
+        for rs in replica_sets:
+            meta = rs.get("metadata", {})
+            deploy = _owner(meta, "Deployment")
+            if deploy is not None:
+                owners.replicasets[(meta.get("namespace", ""), meta.get("name", ""))] = deploy
+        pods = self._list(core.list_namespaced_pod, core.list_pod_for_all_namespaces, selected)
+        for pod in pods:
+            meta = pod.get("metadata", {})
+            rs = _owner(meta, "ReplicaSet")
+            deploy = owners.replicasets.get((meta.get("namespace", ""), rs or ""))
+            if deploy is not None:
+                owners.pods[(meta.get("namespace", ""), meta.get("name", ""))] = deploy
+        return owners
