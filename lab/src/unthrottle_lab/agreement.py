@@ -30,9 +30,10 @@ the given number of cores. The rules (docs/model.md, "Agreement"):
   takes the virtual CPU from a running task (steal time): the task neither runs
   nor waits in this kernel's run queue, and neither its CPU time nor the quota
   counts it. In a spell of it 20 ms tasks took twice as long, unthrottled
-  (docs/benchmarks.md §3). The lab measures it per task (``lost_ms``, unthrottle_lab/worker.py) and the
-  latencies are compared without it (``latency_less_lost_ms``); the verdict says how
-  much was taken out. The throttle ratio is compared as measured.
+  (docs/benchmarks.md §3). The lab measures it per task (``lost_ms``,
+  unthrottle_lab/worker.py) and the latencies are compared without it
+  (``latency_less_lost_ms``); the verdict says how much was taken out. The throttle
+  ratio is compared as measured.
 - **Under a pod quota** (``pod_quota``) the run's throttle ratio and latencies are the
   container's, held to the rules above, with the model's pod level in the prediction (the
   pod's own grid at the phase the lab calibrated, ``pod_period_phase_ms``; 0 where the
