@@ -1,12 +1,12 @@
 """The real node's two images, built here: no registry is reached, so the node pulls nothing.
 
 - **pause**: the pod sandbox's process, our static ``pause`` binary (controlplane/node).
-- **workload**: ``unthrottle`` itself, to run ``unthrottle-lab workload FILE`` in a real
-  container. It holds this checkout's Python as it is installed here, at the same paths:
-  the interpreter and its standard library, the packages the CLI imports, the project's
-  source, and the shared libraries those load (``ldd``). So the image is only good on
-  this machine, with this checkout, which is what a local node needs; a published image
-  is built by the project's Dockerfile.
+- **workload**: the laboratory's ``unthrottle-lab`` (and the product beneath it), to run
+  ``unthrottle-lab workload FILE`` in a real container. It holds this checkout's Python
+  as it is installed here, at the same paths: the interpreter and its standard library,
+  the packages the CLI imports, the project's source, and the shared libraries those load
+  (``ldd``). So the image is only good on this machine, with this checkout, which is what
+  a local node needs; a published image is built by the project's Dockerfile.
 
 Each is a docker-archive tar (``manifest.json``, a config, one layer), written with fixed
 times and owners so the same inputs make the same image, and imported with
@@ -45,7 +45,7 @@ _STDLIB_SKIP = {
 }
 _PACKAGE_SKIP = {"tests", "f2py", "distutils", "__pycache__"}
 """In the packages the CLI imports: their own test suites and build tools (numpy's)."""
-_CLI = "unthrottle.cli.main"
+_CLI = "unthrottle_lab.cli"
 
 
 @dataclass(frozen=True)
@@ -96,13 +96,20 @@ def _imported_tops() -> set[str]:
             if line.startswith(site)}  # fmt: skip
 
 
+def _sources() -> list[Path]:
+    """The product's and the laboratory's source folders, as this interpreter imports them."""
+    import unthrottle
+
+    return [Path(unthrottle.__file__).resolve().parent, Path(__file__).resolve().parents[1]]
+
+
 def workload_files() -> list[Path]:
     """Every file the workload image holds, at its path on this machine."""
     base = Path(sys.base_prefix)
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
     files: list[Path] = [Path(sys.executable), Path(sys.prefix) / "pyvenv.cfg"]
     files += [p for p in (Path(sys.prefix) / "bin").iterdir() if p.name.startswith("python")]
-    files.append(Path(sys.prefix) / "bin" / "unthrottle")
+    files += [Path(sys.prefix) / "bin" / "unthrottle", Path(sys.prefix) / "bin" / "unthrottle-lab"]
     files += _tree(base / "lib" / version, skip=_STDLIB_SKIP)
     files += [p for p in (base / "lib").glob("libpython*.so*")]
     site = _site_packages()
@@ -115,8 +122,8 @@ def workload_files() -> list[Path]:
             or (extra.name.endswith(".libs") and extra.name.split(".")[0] in _imported_tops())
         ):
             files += [extra] if extra.is_file() else _tree(extra)
-    source = Path(__file__).resolve().parents[2]  # src/unthrottle
-    files += _tree(source, skip={"__pycache__"})
+    for source in _sources():  # src/unthrottle and lab/src/unthrottle_lab (editable installs)
+        files += _tree(source, skip={"__pycache__"})
     native = [
         f for f in files if f.suffix == ".so" or ".so." in f.name or f == Path(sys.executable)
     ]
@@ -209,8 +216,8 @@ def _files_key(files: list[Path]) -> str:
 
 
 def build_workload(folder: Path) -> Image:
-    """The workload image: ``unthrottle`` with this checkout's Python (see the module's
-    docstring); its entrypoint is the ``unthrottle`` command. Written once into
+    """The workload image: ``unthrottle-lab`` with this checkout's Python (see the module's
+    docstring); its entrypoint is the ``unthrottle-lab`` command. Written once into
     ``folder`` per set of files (their paths, sizes and times), and reused."""
     files = workload_files()
     out = folder / f"workload-{_files_key(files)}.tar"
@@ -218,7 +225,7 @@ def build_workload(folder: Path) -> Image:
     if out.is_file() and manifest.is_file():
         return Image(manifest.read_text().strip(), out)
     layer = _layer(files, extra_dirs=("tmp", "proc", "sys", "dev", "etc"))
-    entry = str(Path(sys.prefix) / "bin" / "unthrottle")
+    entry = str(Path(sys.prefix) / "bin" / "unthrottle-lab")
     partial = out.with_suffix(".partial")
     image = _archive(partial, "unthrottle-workload", layer, {
         "Entrypoint": [entry], "WorkingDir": "/",
