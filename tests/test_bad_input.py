@@ -34,6 +34,7 @@ from test_metrics_tls_auth import https  # noqa: F401 (a fixture: Prometheus ove
 from unthrottle.metrics.source import MetricsError, PrometheusConfig, PrometheusSource
 
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
+UNTHROTTLE_LAB = Path(sys.executable).with_name("unthrottle-lab")
 TOKEN = "tok-S3cr3t-9f8e7d"
 PASSWORD = "pw-S3cr3t-1a2b3c"
 KUBE_TOKEN = "kube-S3cr3t-4d5e6f"
@@ -478,9 +479,12 @@ def _env(home: Path, extra: dict[str, str]) -> dict[str, str]:
 
 
 def run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """The command as a user runs it, ended if it outlives the deadline (a hang)."""
+    """The command as a user runs it, ended if it outlives the deadline (a hang). The cases
+    spell the laboratory's commands ``lab run`` and ``simulate``: ``unthrottle-lab``'s."""
+    binary = UNTHROTTLE_LAB if argv[:1] in (["lab"], ["simulate"]) else UNTHROTTLE
+    argv = argv[1:] if argv[:1] == ["lab"] else argv
     try:
-        return subprocess.run([str(UNTHROTTLE), *argv], capture_output=True, text=True,
+        return subprocess.run([str(binary), *argv], capture_output=True, text=True,
                               timeout=DEADLINE_S, env=env, check=False,
                               stdin=subprocess.DEVNULL)  # fmt: skip
     except subprocess.TimeoutExpired:

@@ -1,9 +1,10 @@
 """The package declares what it imports, and nothing else (pyproject.toml's dependencies).
 
-``unthrottle_lab`` (the launchers of Prometheus and of the Kubernetes control plane that
-the tests, the demo and the benchmarks share; the product never imports it) and the tests may
-import what the ``test`` extra declares: a fresh ``pip install -e .[test]`` gets them all,
-none only because another distribution happens to need it."""
+The laboratory (``unthrottle_lab``, lab/pyproject.toml: the lab, the simulator, the
+launchers of Prometheus and of the Kubernetes control plane that the tests, the demo and the
+benchmarks share; the product never imports it) imports what the product and its own
+pyproject declare, and the tests what the ``test`` extra adds: a fresh ``make venv`` gets
+them all, none only because another distribution happens to need it."""
 
 from __future__ import annotations
 
@@ -17,17 +18,16 @@ from pathlib import Path
 from conftest import ROOT
 
 PACKAGE = ROOT / "src" / "unthrottle"
-DEVTOOLS = PACKAGE / "devtools"
+LAB = ROOT / "lab" / "src" / "unthrottle_lab"
 TESTS = ROOT / "tests"
 SCRIPTS = ("tests", "bench", "demo")
 """Folders of modules the tests import by file name (``prom``, ``cluster_query``)."""
 
 
-def _imported(*, devtools: bool = False) -> set[str]:
-    """Top-level modules the package imports (standard library and itself excluded): the
-    product's, or (``devtools``) only its development tools'."""
-    paths = [p for p in PACKAGE.rglob("*.py") if p.is_relative_to(DEVTOOLS) == devtools]
-    return _modules(paths)
+def _imported(*, lab: bool = False) -> set[str]:
+    """Top-level modules the product imports (standard library and itself excluded), or
+    (``lab``) the laboratory's."""
+    return _modules(sorted((LAB if lab else PACKAGE).rglob("*.py")))
 
 
 def _modules(paths: list[Path]) -> set[str]:
@@ -42,7 +42,8 @@ def _modules(paths: list[Path]) -> set[str]:
     return {
         m
         for m in found
-        if m not in sys.stdlib_module_names and m not in {"unthrottle", "__future__"}
+        if m not in sys.stdlib_module_names
+        and m not in {"unthrottle", "unthrottle_lab", "__future__"}
     }
 
 
@@ -50,8 +51,9 @@ def _names(requirements: list[str]) -> set[str]:
     return {re.split(r"[<>=!~ \[;]", d)[0].lower().replace("_", "-") for d in requirements}
 
 
-def _declared(extra: str | None = None) -> set[str]:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+def _declared(extra: str | None = None, *, lab: bool = False) -> set[str]:
+    pyproject = ROOT / "lab" / "pyproject.toml" if lab else ROOT / "pyproject.toml"
+    project = tomllib.loads(pyproject.read_text())["project"]
     if extra is not None:
         return _names(project["optional-dependencies"][extra])
     return _names(project["dependencies"])
@@ -67,12 +69,13 @@ def test_every_imported_distribution_is_declared_and_every_declared_one_imported
     assert declared - imported == set(), "declared in pyproject.toml, never imported"
 
 
-def test_the_development_tools_import_only_what_the_product_or_the_test_extra_declares() -> None:
+def test_the_laboratory_imports_only_what_the_product_or_its_own_pyproject_declares() -> None:
     owners = packages_distributions()
-    imported = {owners[m][0].lower().replace("_", "-") for m in _imported(devtools=True)
+    imported = {owners[m][0].lower().replace("_", "-") for m in _imported(lab=True)
                 if m in owners}  # fmt: skip
     assert "cryptography" in imported  # the control plane's certificates: the check has teeth
-    assert imported - _declared() - _declared("test") == set()
+    assert imported - _declared() - _declared(lab=True) == set()
+    assert _declared(lab=True) - {"unthrottle"} <= imported, "declared by the lab, never imported"
 
 
 def test_the_tests_import_only_what_the_product_or_the_test_extra_declares() -> None:
@@ -82,4 +85,4 @@ def test_the_tests_import_only_what_the_product_or_the_test_extra_declares() -> 
     assert {m for m in modules if m not in owners} == set(), "imported but not installed"
     imported = {owners[m][0].lower().replace("_", "-") for m in modules}
     assert {"aiohttp", "jsonschema"} <= imported  # the fault proxy, the chart's schema
-    assert imported - _declared() - _declared("test") == set()
+    assert imported - _declared() - _declared("test") - _declared(lab=True) == set()
