@@ -40,7 +40,7 @@ import numpy as np
 sys.path[:0] = [str(Path(__file__).resolve().parent)]
 from cluster_query import cdf  # noqa: E402
 from unthrottle.agent.sampling import BUCKETS_CORES  # noqa: E402
-from unthrottle.evidence.fetching import ContainerEvidence, WorkloadKey  # noqa: E402
+from unthrottle.evidence.containers import ContainerEvidence, WorkloadKey  # noqa: E402
 from unthrottle.evidence.plots import ContainerSeries, step_for  # noqa: E402
 from unthrottle.model.durations import parse_duration  # noqa: E402
 from unthrottle.operator.reconcile import MARKDOWN_ROWS, PLOTTED  # noqa: E402

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from unthrottle.evidence.fetching import ContainerEvidence, WorkloadKey
+from unthrottle.evidence.containers import ContainerEvidence, WorkloadKey
 from unthrottle.recommend import Current, Policy
 from unthrottle.scan.advise import PARALLEL_FROM, Job, advise_all
 

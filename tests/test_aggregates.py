@@ -15,7 +15,8 @@ import pytest
 from prom import PrometheusServer, requires_prometheus
 from test_incremental import API, BATCH, EARLY, HOUR, IDLE, WEB, history, owners_known
 from unthrottle.evidence.aggregates import CheckpointError, WindowAggregates, slot_seconds
-from unthrottle.evidence.fetching import ContainerEvidence, Slot, WorkloadKey, fetch
+from unthrottle.evidence.containers import ContainerEvidence, Slot, WorkloadKey
+from unthrottle.evidence.fetching import fetch
 from unthrottle.evidence.incremental import fetch_slots
 from unthrottle.metrics.source import PrometheusConfig, PrometheusSource
 from unthrottle.recommend import Current, Policy

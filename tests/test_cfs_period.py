@@ -31,7 +31,8 @@ from prom import PrometheusServer, requires_prometheus
 from shop import THROTTLED, Workload, deployment, openmetrics, rehash
 from unthrottle.evidence.aggregates import _FORMAT as FORMAT
 from unthrottle.evidence.aggregates import CheckpointError, WindowAggregates, sealed, unsealed
-from unthrottle.evidence.fetching import ContainerEvidence, Slot, WorkloadKey, fetch
+from unthrottle.evidence.containers import ContainerEvidence, Slot, WorkloadKey
+from unthrottle.evidence.fetching import fetch
 from unthrottle.evidence.incremental import fetch_slots
 from unthrottle.kube.deployments import KubeDeployments
 from unthrottle.kube.objects import KubeObjects

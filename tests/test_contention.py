@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from unthrottle.evidence.fetching import ContainerEvidence, WorkloadKey
+from unthrottle.evidence.containers import ContainerEvidence, WorkloadKey
 from unthrottle.metrics.promql import counter_queries, recording_rules
 from unthrottle.recommend import (
     CounterEvidence,

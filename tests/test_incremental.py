@@ -13,13 +13,8 @@ import pytest
 
 from prom import PrometheusServer, requires_prometheus
 from test_recording_rules import rules
-from unthrottle.evidence.fetching import (
-    QUERIES_WITH_OWNERS,
-    ContainerEvidence,
-    Slot,
-    WorkloadKey,
-    fetch,
-)
+from unthrottle.evidence.containers import ContainerEvidence, Slot, WorkloadKey
+from unthrottle.evidence.fetching import QUERIES_WITH_OWNERS, fetch
 from unthrottle.evidence.incremental import fetch_slots, range_queries, steps
 from unthrottle.metrics.source import MetricsError, PrometheusConfig, PrometheusSource
 from unthrottle.model.owners import Owners

@@ -27,7 +27,7 @@ from helpers import worker_pids
 from test_lab_seeds import MORE_REPEATS, disturbed
 from test_lab_tune import MET, OVER, judged
 from unthrottle.cgroups import Layout
-from unthrottle.evidence.fetching import share_pod_throttling
+from unthrottle.evidence.pods import share_pod_throttling
 from unthrottle_lab.agreement import agreement
 from unthrottle_lab.figures import RunFigures
 from unthrottle_lab.sampling import pod_share_us

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from prom import PrometheusServer, requires_prometheus
-from unthrottle.evidence.fetching import QUERIES_WITH_OWNERS, WorkloadKey, fetch, queries
+from unthrottle.evidence.containers import WorkloadKey
+from unthrottle.evidence.fetching import QUERIES_WITH_OWNERS, fetch, queries
 from unthrottle.metrics.source import MetricsError, PrometheusConfig, PrometheusSource
 from unthrottle.recommend import Current, Policy, Strategy, recommend
 from unthrottle.recommend.engine import ORDER_UNKNOWN

@@ -19,8 +19,10 @@ from prom import PrometheusServer, requires_prometheus
 from test_metrics_evidence import gauge, series
 from test_recommend_cli import cli
 from unthrottle.evidence.aggregates import WindowAggregates
-from unthrottle.evidence.fetching import ContainerEvidence, WorkloadKey, canary_ratios, fetch
+from unthrottle.evidence.containers import ContainerEvidence, WorkloadKey
+from unthrottle.evidence.fetching import fetch
 from unthrottle.evidence.incremental import fetch_slots
+from unthrottle.evidence.pods import canary_ratios
 from unthrottle.metrics.promql import pod_counter_queries
 from unthrottle.metrics.source import PrometheusConfig, PrometheusSource
 from unthrottle.recommend import CounterEvidence, Current, Policy, Runtime, recommend

@@ -15,7 +15,8 @@ import pytest
 
 from prom import PrometheusServer, requires_prometheus
 from test_metrics_evidence import HOUR, history
-from unthrottle.evidence.fetching import WorkloadKey, fetch, recorded_covers
+from unthrottle.evidence.containers import WorkloadKey
+from unthrottle.evidence.fetching import fetch, recorded_covers
 from unthrottle.metrics.source import PrometheusConfig, PrometheusSource
 from unthrottle_lab.prometheus import RULE_BLOCK_S
 

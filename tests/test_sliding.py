@@ -14,7 +14,8 @@ import pytest
 from prom import PrometheusServer, requires_prometheus
 from shop import Workload, openmetrics
 from unthrottle.evidence.aggregates import CheckpointError
-from unthrottle.evidence.fetching import ContainerEvidence, Slot, WorkloadKey, fetch
+from unthrottle.evidence.containers import ContainerEvidence, Slot, WorkloadKey
+from unthrottle.evidence.fetching import fetch
 from unthrottle.evidence.incremental import fetch_slots
 from unthrottle.evidence.sliding import SlidingEvidence
 from unthrottle.metrics.source import PrometheusConfig, PrometheusSource

@@ -17,7 +17,8 @@ from test_metrics_evidence import gauge, history, series
 from test_metrics_source import HOSTILE
 from test_metrics_source import history as hostile_history
 from unthrottle.agent.sampling import BUCKETS_CORES
-from unthrottle.evidence.fetching import ContainerEvidence, WorkloadKey, fetch, queries
+from unthrottle.evidence.containers import ContainerEvidence, WorkloadKey
+from unthrottle.evidence.fetching import fetch, queries
 from unthrottle.evidence.incremental import fetch_slots
 from unthrottle.metrics.promql import counter_queries, equals
 from unthrottle.metrics.source import MetricsError, PrometheusConfig, PrometheusSource

@@ -4,7 +4,7 @@ The lab samples every period in order; the operator reads the node agent's serie
 Prometheus, which hold no order but what the agent exports for it. ``agent`` folds a
 run's windows the way the agent does (its histogram buckets, and the backlog series of
 :mod:`unthrottle.cfs.backlog`) and rebuilds the evidence as
-:meth:`unthrottle.evidence.fetching.ContainerEvidence.period_evidence` does; ``histogram``
+:meth:`unthrottle.evidence.containers.ContainerEvidence.period_evidence` does; ``histogram``
 leaves the backlog out, as an agent without it (the order unknown); ``sequence`` is the
 lab's own samples, in order.
 """

@@ -24,7 +24,7 @@ the next window. So a window's counters are attributed by the refills it holds
 
 **A pod of two containers** (a run's ``sidecar``): the pod's throttled time stalls both, and
 each container's samples hold its share of it, window by window, by the rule the
-operator's evidence uses (:func:`unthrottle.evidence.fetching.share_pod_throttling`: time
+operator's evidence uses (:func:`unthrottle.evidence.pods.share_pod_throttling`: time
 in proportion to usage). The sampler reads the other container's usage at each of its
 own readings, so both usages are of the same window.
 """
@@ -43,7 +43,7 @@ from unthrottle.cfs.pod import stalled_us
 from unthrottle.cgroups import Cgroup, CpuStat, Layout
 from unthrottle.cgroups.counters import CounterReader
 from unthrottle.cgroups.waits import WaitReader
-from unthrottle.evidence.fetching import share_pod_throttling
+from unthrottle.evidence.pods import share_pod_throttling
 from unthrottle.units import Bandwidth
 from unthrottle_lab.schedule import ScheduledReader
 
@@ -253,7 +253,7 @@ def pod_share_us(
     """A container's share of its pod's throttled time in each of its windows: the pod's
     throttled time in proportion to its usage beside the other containers' in the same
     window (equal shares where none ran), as the operator's evidence shares a span's
-    (:func:`unthrottle.evidence.fetching.share_pod_throttling`)."""
+    (:func:`unthrottle.evidence.pods.share_pod_throttling`)."""
     n = min(len(pod_throttled_us), len(usage_us), len(others_usage_us))
     share = np.zeros_like(pod_throttled_us)
     for t in range(n):

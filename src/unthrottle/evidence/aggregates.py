@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from unthrottle.evidence.fetching import ContainerEvidence, Slot, WorkloadKey
+from unthrottle.evidence.containers import ContainerEvidence, Slot, WorkloadKey
 
 SLOTS_PER_WINDOW = 24
 """Slots a window is divided into: the evidence covers at most 1/24 more than the window."""

@@ -11,7 +11,7 @@ exactly.
 sends (owners when not given, four counters, the histogram, limits, requests),
 each as ONE range query: the increase over ``[step]`` evaluated every ``step``
 from ``start + step`` to ``end``. Its answers are grouped step by step by the
-same :func:`~unthrottle.evidence.fetching.gather` as ``fetch``'s, so a step's
+same :func:`~unthrottle.evidence.gathering.gather` as ``fetch``'s, so a step's
 evidence is what ``fetch`` would say of that span. A query refused as too big
 is sent again once per namespace, as ``fetch`` does.
 
@@ -56,18 +56,17 @@ from concurrent.futures import ThreadPoolExecutor
 from itertools import pairwise
 from typing import NamedTuple
 
+from unthrottle.evidence.containers import Points, Slot
 from unthrottle.evidence.fetching import (
     CONCURRENCY,
     EVIDENCE_QUERIES,
-    Points,
-    Slot,
     batch_queries,
-    gather,
     in_flight,
     increase_queries,
     owners_of,
     split_namespaces,
 )
+from unthrottle.evidence.gathering import gather
 from unthrottle.metrics.promql import RECORDED, namespaces_matcher, recorded_by, selector
 from unthrottle.metrics.source import MetricsSource, RangeSeries
 from unthrottle.model.owners import Owners

@@ -20,7 +20,8 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from unthrottle.evidence.fetching import CONCURRENCY, WorkloadKey
+from unthrottle.evidence.containers import WorkloadKey
+from unthrottle.evidence.fetching import CONCURRENCY
 from unthrottle.metrics.promql import (
     CONTAINERS,
     _counters,

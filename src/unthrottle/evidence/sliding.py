@@ -37,7 +37,7 @@ from unthrottle.evidence.aggregates import (
     slot_seconds,
     unsealed,
 )
-from unthrottle.evidence.fetching import ContainerEvidence, Slot, WorkloadKey
+from unthrottle.evidence.containers import ContainerEvidence, Slot, WorkloadKey
 
 _MAGIC = b"UNTHSLID"
 _FORMAT = 1

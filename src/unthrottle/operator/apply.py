@@ -28,7 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from unthrottle.evidence.fetching import WorkloadKey, fetch
+from unthrottle.evidence.containers import WorkloadKey
+from unthrottle.evidence.fetching import fetch
 from unthrottle.kube.deployments import (
     AccessDenied,
     DeploymentStore,

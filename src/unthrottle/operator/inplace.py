@@ -43,7 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from unthrottle.evidence.fetching import canary_ratios
+from unthrottle.evidence.pods import canary_ratios
 from unthrottle.kube.deployments import DeploymentStore, PatchConflict, PatchRefused
 from unthrottle.kube.inplace import (
     InPlaceError,

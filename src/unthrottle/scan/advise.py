@@ -15,7 +15,7 @@ import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
 
-from unthrottle.evidence.fetching import ContainerEvidence
+from unthrottle.evidence.containers import ContainerEvidence
 from unthrottle.recommend import Current, Policy, Recommendation, recommend
 
 PARALLEL_FROM = 64

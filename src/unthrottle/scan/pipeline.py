@@ -11,13 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from unthrottle.evidence.fetching import (
-    ContainerEvidence,
-    WorkloadKey,
-    deployment_labels,
-    fetch,
-    recorded_covers,
-)
+from unthrottle.evidence.containers import ContainerEvidence, WorkloadKey
+from unthrottle.evidence.fetching import deployment_labels, fetch, recorded_covers
 from unthrottle.kube.workloads import ContainerSpec, DeploymentInfo, WorkloadStore
 from unthrottle.metrics.source import MetricsSource
 from unthrottle.model.owners import Owners

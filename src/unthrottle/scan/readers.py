@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from unthrottle.evidence.aggregates import CheckpointError
-from unthrottle.evidence.fetching import ContainerEvidence, Slot, WorkloadKey, fetch
+from unthrottle.evidence.containers import ContainerEvidence, Slot, WorkloadKey
+from unthrottle.evidence.fetching import fetch
 from unthrottle.evidence.incremental import fetch_slots
 from unthrottle.evidence.sliding import Read, SlidingEvidence
 from unthrottle.kube.objects import NotOwnedError, ObjectStore, owned_by

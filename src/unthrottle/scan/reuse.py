@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from unthrottle.evidence.fetching import ContainerEvidence, WorkloadKey
+from unthrottle.evidence.containers import ContainerEvidence, WorkloadKey
 from unthrottle.recommend import Current, Policy, Recommendation
 
 

@@ -15,7 +15,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from unthrottle.evidence.fetching import CONCURRENCY, WorkloadKey
+from unthrottle.evidence.containers import WorkloadKey
+from unthrottle.evidence.fetching import CONCURRENCY
 from unthrottle.evidence.plots import ContainerSeries, fetch_series
 from unthrottle.kube.patching import RECORD_ANNOTATION, Record, RecordError
 from unthrottle.metrics.source import MetricsSource
