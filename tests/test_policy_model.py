@@ -22,6 +22,7 @@ from unthrottle.model.durations import format_duration, parse_duration
 from unthrottle.model.policy import SpecError, ThrottlePolicySpec, parse_spec
 from unthrottle.model.status import ThrottlePolicyStatus
 from unthrottle.recommend import Policy, Strategy
+from unthrottle.scan import engine_policy
 from unthrottle_lab.kube import ControlPlane
 
 CRD_FILE = ROOT / "crds" / "throttlepolicy.yaml"
@@ -204,7 +205,7 @@ def test_the_engine_policy_carries_every_field() -> None:
             "processors": {"enabled": False},
         }
     )
-    assert spec.engine_policy() == Policy(
+    assert engine_policy(spec) == Policy(
         target_ratio=0.02,
         headroom=0.25,
         min_millicores=250,
@@ -219,7 +220,7 @@ def test_the_engine_policy_carries_every_field() -> None:
 @pytest.mark.parametrize("strategy", ["Auto", "BurstPreferred", "LimitOnly"])
 def test_burst_disabled_means_limit_only_whatever_the_strategy(strategy: str) -> None:
     spec = parse_spec({"strategy": strategy, "burst": {"enabled": False}})
-    assert spec.engine_policy().strategy is Strategy.LIMIT_ONLY
+    assert engine_policy(spec).strategy is Strategy.LIMIT_ONLY
 
 
 def test_the_spec_offers_exactly_the_engines_strategies() -> None:

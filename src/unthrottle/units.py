@@ -116,6 +116,11 @@ def parse_cpu(quantity: str | int | float) -> int:
     return int(millicores.to_integral_value(rounding=ROUND_CEILING))
 
 
+def quota_of(millicores: int, period_us: int) -> int:
+    """The quota a limit gives at a period, µs (a limit of 500m at 100 ms: 50,000 µs)."""
+    return millicores * period_us // 1000
+
+
 def format_cpu(millicores: int) -> str:
     """Millicores as the shortest Kubernetes quantity: 2000 → ``"2"``, 1500 → ``"1500m"``."""
     if millicores < 0:

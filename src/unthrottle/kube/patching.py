@@ -28,8 +28,7 @@ from unthrottle.model.burst import (
     BurstSpec,
     burst_specs,
 )
-from unthrottle.recommend.estimators import quota_of
-from unthrottle.units import DEFAULT_PERIOD_US, format_cpu, parse_cpu
+from unthrottle.units import DEFAULT_PERIOD_US, format_cpu, parse_cpu, quota_of
 
 RECORD_ANNOTATION = "unthrottle.io/last-applied"
 RECORD_VERSION = 1

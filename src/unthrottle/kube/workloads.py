@@ -20,9 +20,8 @@ from typing import Any, Protocol
 
 from unthrottle.model.burst import BurstAnnotationError, BurstSpec, burst_specs, spec_for
 from unthrottle.model.owners import Owners
-from unthrottle.recommend.estimators import quota_of
-from unthrottle.recommend.types import Runtime
-from unthrottle.units import parse_cpu
+from unthrottle.model.runtime import Runtime
+from unthrottle.units import parse_cpu, quota_of
 
 _log = logging.getLogger(__name__)
 

@@ -44,7 +44,6 @@ from unthrottle.model.status import (
     ThrottlePolicyStatus,
     WorkloadStatus,
 )
-from unthrottle.recommend import Policy, PolicyError, Strategy
 from unthrottle.units import format_cpu, parse_cpu
 
 __all__ = [
@@ -470,20 +469,6 @@ class ThrottlePolicySpec(_Spec):
         """``limits.max`` in millicores."""
         return self.limits.max_millicores
 
-    def engine_policy(self) -> Policy:
-        """The engine's :class:`~unthrottle.recommend.Policy`; ``burst.enabled: false`` is
-        strategy LimitOnly."""
-        return Policy(
-            target_ratio=self.target_throttle_ratio,
-            headroom=self.headroom,
-            min_millicores=self.min_millicores,
-            max_millicores=self.max_millicores,
-            max_step_up=self.limits.max_step_up,
-            max_step_down=self.limits.max_step_down,
-            strategy=Strategy(self.strategy) if self.burst.enabled else Strategy.LIMIT_ONLY,
-            sync_processors=self.processors.enabled,
-        )
-
     def label_selector(self) -> Selector:
         """The Deployments this policy selects, as a :class:`~.selector.Selector`."""
         return self.selector.to_selector()
@@ -594,11 +579,6 @@ def parse_spec(raw: object) -> ThrottlePolicySpec:
     if not isinstance(raw, dict):
         raise SpecError("spec", f"must be an object of fields, not {type(raw).__name__}")
     try:
-        spec = ThrottlePolicySpec.model_validate(raw)
+        return ThrottlePolicySpec.model_validate(raw)
     except ValidationError as error:
         raise _spec_error(error.errors()[0]) from None
-    try:  # the engine checks its own invariants; the model should have caught all of them
-        spec.engine_policy()
-    except PolicyError as error:  # pragma: no cover - a model/engine mismatch, kept for safety
-        raise SpecError(error.field, str(error).removeprefix(f"{error.field}: ")) from None
-    return spec

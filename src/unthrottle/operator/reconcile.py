@@ -45,6 +45,7 @@ from unthrottle.scan import (
     ScanResult,
     Selection,
     assess,
+    engine_policy,
     select,
     with_series,
 )
@@ -134,11 +135,12 @@ class Reconciler:
         namespace, name = meta["namespace"], meta["name"]
         try:
             spec = parse_spec(body.get("spec") or {})
+            policy = engine_policy(spec)
         except SpecError as error:
             return self._invalid(body, memory, error)
         now = self.clock()
         request = ScanRequest(
-            window_s=spec.window_s, now=now, policy=spec.engine_policy(),
+            window_s=spec.window_s, now=now, policy=policy,
             namespaces=(namespace,), selector=spec.label_selector(),
             containers=frozenset(spec.containers) if spec.containers else None,
             concurrency=self.settings.concurrency, jobs=self.settings.jobs,

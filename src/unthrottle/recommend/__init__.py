@@ -3,6 +3,7 @@
 Public surface: :func:`recommend` and its inputs and output.
 """
 
+from unthrottle.model.runtime import Runtime
 from unthrottle.recommend.engine import recommend
 from unthrottle.recommend.types import (
     CounterEvidence,
@@ -12,7 +13,6 @@ from unthrottle.recommend.types import (
     Policy,
     PolicyError,
     Recommendation,
-    Runtime,
     Strategy,
     Waits,
 )

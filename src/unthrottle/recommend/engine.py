@@ -59,7 +59,6 @@ from unthrottle.recommend.estimators import (
     limit_for_target,
     order_gated,
     processors,
-    quota_of,
     rounded,
     step_limit,
     valid,
@@ -75,7 +74,7 @@ from unthrottle.recommend.types import (
     Recommendation,
     Strategy,
 )
-from unthrottle.units import Bandwidth
+from unthrottle.units import Bandwidth, quota_of
 
 
 def _current_ratio(evidence: Evidence, current: Current) -> float | None:

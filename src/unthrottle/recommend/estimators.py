@@ -15,15 +15,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from unthrottle.cfs.series import simulate_series
+from unthrottle.model.runtime import Runtime
 from unthrottle.recommend.types import (
     CounterEvidence,
     Current,
     PeriodEvidence,
     Policy,
-    Runtime,
     min_millicores_for_period,
 )
-from unthrottle.units import Bandwidth
+from unthrottle.units import Bandwidth, quota_of
 
 ROUND_TO_MILLICORES = 10
 """Limits are rounded up to 10m: finer steps are noise next to a period's demand."""
@@ -48,11 +48,6 @@ class Draft:
             burst_us=self.burst_us if burst_us is None else burst_us,
             reasons=self.reasons + ((reason,) if reason else ()),
         )
-
-
-def quota_of(millicores: int, period_us: int) -> int:
-    """The quota a limit gives at a period, µs."""
-    return millicores * period_us // 1000
 
 
 def ratio_at(evidence: PeriodEvidence, millicores: int, burst_us: int) -> float:

@@ -10,6 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 from unthrottle.cfs.backlog import Backlog
+from unthrottle.model.runtime import Runtime
 from unthrottle.units import DEFAULT_PERIOD_US, MIN_QUOTA_US
 
 
@@ -30,15 +31,6 @@ class Strategy(StrEnum):
     """The smallest limit that, with a burst of up to its quota, meets the target."""
     AUTO = "Auto"
     """Burst when the long-run average fits under the quota; otherwise a larger limit."""
-
-
-class Runtime(StrEnum):
-    """What runs in the container, as far as processor counts go."""
-
-    GO = "go"
-    JVM = "jvm"
-    OTHER = "other"
-    UNKNOWN = "unknown"
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,9 +6,31 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from unthrottle.evidence.fetching import CONCURRENCY
+from unthrottle.model.policy import SpecError, ThrottlePolicySpec
 from unthrottle.model.selector import Selector
-from unthrottle.recommend import Policy
+from unthrottle.recommend import Policy, PolicyError, Strategy
 from unthrottle.units import DEFAULT_PERIOD_US, MAX_PERIOD_US, MIN_PERIOD_US
+
+
+def engine_policy(spec: ThrottlePolicySpec) -> Policy:
+    """The engine's :class:`~unthrottle.recommend.Policy` for a ThrottlePolicy spec;
+    ``burst.enabled: false`` is strategy LimitOnly.
+
+    The engine checks its own invariants, and the model should have caught every one of
+    them: a miss is a :class:`~unthrottle.model.policy.SpecError` naming the field."""
+    try:
+        return Policy(
+            target_ratio=spec.target_throttle_ratio,
+            headroom=spec.headroom,
+            min_millicores=spec.min_millicores,
+            max_millicores=spec.max_millicores,
+            max_step_up=spec.limits.max_step_up,
+            max_step_down=spec.limits.max_step_down,
+            strategy=Strategy(spec.strategy) if spec.burst.enabled else Strategy.LIMIT_ONLY,
+            sync_processors=spec.processors.enabled,
+        )
+    except PolicyError as error:  # pragma: no cover - a model/engine mismatch, kept for safety
+        raise SpecError(error.field, str(error).removeprefix(f"{error.field}: ")) from None
 
 
 class History(StrEnum):
