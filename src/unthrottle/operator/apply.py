@@ -28,8 +28,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from unthrottle.evidence.containers import WorkloadKey
-from unthrottle.evidence.fetching import fetch
 from unthrottle.kube.deployments import (
     AccessDenied,
     DeploymentStore,
@@ -58,9 +56,15 @@ from unthrottle.model.policy import ThrottlePolicySpec
 from unthrottle.operator.gates import rollout, skip_reason
 from unthrottle.operator.inplace import InPlace, Outcome
 from unthrottle.operator.status import State
-from unthrottle.recommend.estimators import quota_of
-from unthrottle.scan import ContainerResult, ScanResult, Selection, WorkloadResult
-from unthrottle.units import MIN_QUOTA_US, format_cpu
+from unthrottle.scan import (
+    ContainerResult,
+    ScanResult,
+    Selection,
+    WorkloadKey,
+    WorkloadResult,
+    fetch_evidence,
+)
+from unthrottle.units import MIN_QUOTA_US, format_cpu, quota_of
 
 _log = logging.getLogger("unthrottle.operator")
 
@@ -467,7 +471,9 @@ class Applier:
                                      f"{self._describe(record)}")  # fmt: skip
         window = max(60, math.floor(now - record.rollout_done_at))
         try:
-            found = fetch(self.metrics, [namespace], window, at=now, owners=selection.owners)
+            found = fetch_evidence(
+                self.metrics, [namespace], window, at=now, owners=selection.owners
+            )
         except MetricsError as error:
             return State.VERIFYING, f"no verdict while Prometheus cannot answer ({error})"
         after: dict[str, float | None] = {}

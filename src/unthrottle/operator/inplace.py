@@ -43,7 +43,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from unthrottle.evidence.pods import canary_ratios
 from unthrottle.kube.deployments import DeploymentStore, PatchConflict, PatchRefused
 from unthrottle.kube.inplace import (
     InPlaceError,
@@ -64,6 +63,7 @@ from unthrottle.metrics.source import MetricsError, MetricsSource
 from unthrottle.model.burst import BURST_ANNOTATION
 from unthrottle.model.policy import ThrottlePolicySpec
 from unthrottle.operator.status import State
+from unthrottle.scan import canary_ratios
 
 _log = logging.getLogger("unthrottle.operator")
 Outcome = tuple[State, str | None]
