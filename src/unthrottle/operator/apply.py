@@ -41,7 +41,6 @@ from unthrottle.kube.patching import (
     PatchPlanError,
     Record,
     RecordError,
-    Settings,
     apply_patch,
     plan,
     record_of,
@@ -53,6 +52,7 @@ from unthrottle.kube.patching import (
 from unthrottle.kube.pods import NoResizeSubresource, PodStore, running
 from unthrottle.metrics.source import MetricsError, MetricsSource
 from unthrottle.model.policy import ThrottlePolicySpec
+from unthrottle.operator.changes import changes_as_read, changes_for, describe, in_ms, percent
 from unthrottle.operator.gates import rollout, skip_reason
 from unthrottle.operator.inplace import InPlace, Outcome
 from unthrottle.operator.status import State
@@ -64,7 +64,7 @@ from unthrottle.scan import (
     WorkloadResult,
     fetch_evidence,
 )
-from unthrottle.units import MIN_QUOTA_US, format_cpu, quota_of
+from unthrottle.units import format_cpu
 
 _log = logging.getLogger("unthrottle.operator")
 
@@ -87,73 +87,6 @@ class VerifySettings:
     kubelet retries for ever), before it is given up and rolled back. A kubelet actuates
     a CPU resize within seconds (5 s here, docs/operator.md); five minutes leave room for
     a busy node without holding one of ``maxConcurrent``'s slots for good."""
-
-
-def _pct(ratio: float | None) -> str:
-    return "?" if ratio is None else f"{ratio * 100:.0f} %"
-
-
-def _ms(us: int) -> str:
-    return f"{us / 1000:g}ms"
-
-
-def describe(change: ContainerChange, policy: str) -> str:
-    """``raised CPU limit of api 500m → 900m, burst 20ms (policy p: 41 % …; expected 2 %)``."""
-    before, after = change.before, change.after
-    parts = []
-    if after.cpu_limit != before.cpu_limit and after.cpu_limit is not None:
-        verb = "raised" if before.cpu_limit is None or after.cpu_limit > before.cpu_limit else (
-            "lowered")  # fmt: skip
-        was = "none" if before.cpu_limit is None else format_cpu(before.cpu_limit)
-        parts.append(f"{verb} CPU limit of {change.name} {was} → {format_cpu(after.cpu_limit)}")
-    if after.burst_us != before.burst_us:
-        parts.append(f"burst {_ms(after.burst_us)}")
-    if after.gomaxprocs != before.gomaxprocs and after.gomaxprocs is not None:
-        parts.append(f"GOMAXPROCS {after.gomaxprocs}")
-    if not parts:
-        parts.append(f"{change.name} unchanged")
-    return (f"{', '.join(parts)} (policy {policy}: {_pct(change.ratio_before)} of periods "
-            f"throttled; expected {_pct(change.expected_ratio)})")  # fmt: skip
-
-
-def _gomaxprocs_env(container: dict[str, Any]) -> tuple[bool, int | None]:
-    """(present, value): GOMAXPROCS in the container's env (a valueFrom counts as present)."""
-    for entry in container.get("env") or []:
-        if entry.get("name") == "GOMAXPROCS":
-            value = entry.get("value")
-            return True, int(value) if isinstance(value, str) and value.isdigit() else None
-    return False, None
-
-
-def changes_for(workload: WorkloadResult, raw: dict[str, Any], spec: ThrottlePolicySpec,
-                previous: Record | None) -> list[ContainerChange]:  # fmt: skip
-    """The containers whose recommendation changes something, as valid changes only:
-    never a limit below the request, a quota under 1 ms or a burst above the quota, each
-    at the container's own CFS period (the kubelet writes ``limit × period / 1000`` µs)."""
-    containers = {c.get("name"): c for c in raw["spec"]["template"]["spec"].get("containers", [])}
-    ours_before = {c.name: c.after.gomaxprocs for c in (previous.containers if previous else ())}
-    out = []
-    for c in workload.containers:
-        rec = c.recommendation
-        if rec is None or not c.managed or rec.limit_millicores is None or c.name not in containers:
-            continue
-        limit = max(rec.limit_millicores, c.request_millicores)
-        quota = quota_of(limit, rec.period_us)
-        burst = min(rec.burst_us, quota) if spec.burst.enabled else c.burst_us
-        present, env_value = _gomaxprocs_env(containers[c.name])
-        ours = not present or (env_value is not None and ours_before.get(c.name) == env_value)
-        gomaxprocs = env_value
-        if spec.processors.enabled and rec.gomaxprocs is not None and ours:
-            gomaxprocs = rec.gomaxprocs
-        if quota < MIN_QUOTA_US or burst > quota:
-            continue  # never an invalid patch (the engine does not produce these)
-        before = Settings(c.limit_millicores, c.burst_us, env_value)
-        after = Settings(limit, burst, gomaxprocs)
-        if before != after:
-            out.append(ContainerChange(c.name, before, after, c.throttle_ratio,
-                                       rec.expected_throttle_ratio, ours,
-                                       period_us=rec.period_us))  # fmt: skip
-    return out
 
 
 class Applier:
@@ -327,7 +260,9 @@ class Applier:
         parts = []
         for c in record.containers:
             after = record.ratio_after.get(c.name)
-            parts.append(f"{c.name} {_pct(c.ratio_before)} → {_pct(after)} of periods throttled")
+            parts.append(
+                f"{c.name} {percent(c.ratio_before)} → {percent(after)} of periods throttled"
+            )
         return ", ".join(parts)
 
     # -- changing ----------------------------------------------------------------------
@@ -336,7 +271,7 @@ class Applier:
                 listed: dict[str, Any], now: float) -> Outcome:  # fmt: skip
         namespace = body["metadata"]["namespace"]
         raw = self.deployments.get(namespace, w.deployment) or listed  # fresh: smaller races
-        changes = _changes(w, raw, spec)
+        changes = changes_as_read(w, raw, spec)
         if not changes:
             return State.UP_TO_DATE, None
         if spec.apply.method != "Rollout":
@@ -439,7 +374,7 @@ class Applier:
             raw = self.deployments.get(namespace, w.deployment)
             if raw is None:
                 return State.SKIPPED, "the Deployment is gone"
-            changes = _changes(w, raw, spec)
+            changes = changes_as_read(w, raw, spec)
             if not changes:
                 return State.UP_TO_DATE, None
             return self._rollout(body, spec, raw, changes, now,
@@ -483,7 +418,7 @@ class Applier:
             ratio = item.throttle_ratio() if item is not None else None
             burst_periods = item.burst_periods if item is not None else None
             if c.after.burst_us and burst_periods is not None and burst_periods < 1:
-                unused.append(f"{c.name} {_ms(c.after.burst_us)}")  # cAdvisor's counters say
+                unused.append(f"{c.name} {in_ms(c.after.burst_us)}")  # cAdvisor's counters say
             if ratio is None:
                 if (raw.get("spec") or {}).get("replicas", 1) == 0:
                     return State.VERIFYING, ("scaled to zero: no pod has run the change yet; "
@@ -492,7 +427,7 @@ class Applier:
             after[c.name] = ratio
             if self._worse(c.ratio_before, ratio, item.periods if item else 0,
                            spec.target_throttle_ratio):  # fmt: skip
-                worse.append(f"{c.name} {_pct(c.ratio_before)} → {_pct(ratio)}")
+                worse.append(f"{c.name} {percent(c.ratio_before)} → {percent(ratio)}")
         record = replace(record, ratio_after=after)
         if worse and spec.apply.rollback_if_worse:
             why = f"throttling got worse: {', '.join(worse)} of periods"
@@ -574,16 +509,6 @@ class Applier:
             self.objects.event(involved, kind, reason, message)
         except Exception as error:  # an event is worth a log line, not a failed change
             _log.warning("cannot post event %s: %s", reason, error)
-
-
-def _changes(w: WorkloadResult, raw: dict[str, Any],
-             spec: ThrottlePolicySpec) -> list[ContainerChange]:  # fmt: skip
-    """:func:`changes_for` the Deployment as read, with its record if it has a readable one."""
-    try:
-        previous = record_of(raw)
-    except RecordError:
-        previous = None
-    return changes_for(w, raw, spec, previous)
 
 
 def _short(error: Exception) -> str:
