@@ -1,12 +1,13 @@
-"""The CFS bandwidth model: pure, no I/O.
+"""The CFS series model the engine sizes with: pure, no I/O.
 
-- :mod:`.settings`: quota / period / burst as validated integers; quantities at the edge;
 - :mod:`.series`: a per-period demand series under a quota (vectorised);
-- :mod:`.tasks`: a task workload on N cores, with ticks, phase and burst, a pod quota and a
-  second container (a sidecar); :mod:`.bucket`: one cgroup's bucket in it;
+- :mod:`.backlog`: the order of busy windows, which a histogram loses;
 - :mod:`.pod`: the pod level: a container's stall under its pod's quota, the pair at the
-  series level; :mod:`.pod_series`: several containers of a pod at the series level;
-- :mod:`.figures`: the figures of a run, shared with the lab.
+  series level; :mod:`.pod_series`: several containers of a pod at the series level.
+
+Quotas, periods and bursts as the kernel takes them are :mod:`unthrottle.units`; the task
+simulator, which predicts what the lab measures, is the laboratory's
+(``unthrottle_lab.sim``).
 """
 
 from unthrottle.cfs.pod import pod_figures, pod_series_bandwidth, stalled_us
