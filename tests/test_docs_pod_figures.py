@@ -60,9 +60,9 @@ QUOTES: list[tuple[str, str, Callable[[], object]]] = [
      lambda: span([a["recommended_millicores"] for a, _ in pairs()], 0)),
     ("docs/benchmarks.md", "4 runs each way (2026-12-03, {} cores of other load)",
      lambda: f"{results('pod-stall.json')['other_load_cores']:.2f}"),
-    ("README.md", "counting the pod's throttled time, {}m in the pod",
+    ("docs/limits.md", "counting the pod's throttled time, {}m in the pod",
      lambda: pod_runs("counters_recommended_millicores")),
-    ("README.md", "against {}m without it)", lambda: pod_runs(
+    ("docs/limits.md", "against {}m without it)", lambda: pod_runs(
         "counters_recommended_without_pod_millicores")),
 ]  # fmt: skip
 
@@ -138,10 +138,10 @@ SIDECAR_QUOTES: list[tuple[str, str, Callable[[], object]]] = [
                                                         sidecar_runs(1000, "pod_throttled_ms", 0))),
     ("docs/model.md", "the answers {}m for the batch and {}m for the sidecar",
      lambda: (tunes("recommended_millicores"), tunes("sidecar_recommended_millicores"))),
-    ("README.md", "3 tunes: {}m and {}m", lambda: (tunes("recommended_millicores"),
+    ("docs/limits.md", "3 tunes: {}m and {}m", lambda: (tunes("recommended_millicores"),
                                                    tunes("sidecar_recommended_millicores"))),
-    ("README.md", "throttled in {} of their periods after", after),
-    ("README.md", "left the pod throttled in {} (docs/benchmarks.md §3)",
+    ("docs/limits.md", "throttled in {} of their periods after", after),
+    ("docs/limits.md", "left the pod throttled in {} (docs/benchmarks.md §3)",
      lambda: baseline("vpa", "pod_throttle_ratio", 2)),
 ]  # fmt: skip
 

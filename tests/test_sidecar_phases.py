@@ -125,7 +125,7 @@ def test_the_readme_and_the_model_doc_quote_the_pool_and_the_sweep() -> None:
     near = sum(m["near_phases"]["agreeing"] > 0 for m in sweep)
     low = min(m["over_phases"]["p50_ms"][0] for m in sweep)
     high = max(m["over_phases"]["p50_ms"][1] for m in sweep)
-    readme, model = prose("README.md"), prose("docs/model.md")
+    readme, model = prose("docs/limits.md"), prose("docs/model.md")
     assert f"run with room (in {room.agreeing} of {n} measurements;" in readme
     assert f"it agrees in {throttled.agreeing} of {n} only" in readme
     assert f"{low:.1f}–{high:.1f} at any phase" in readme
@@ -151,8 +151,8 @@ def test_the_readme_and_the_model_doc_quote_the_ten_traced_shares() -> None:
     throttled, room = ([t[i]["sidecar_share"] for t in turns] for i in (0, 1))
     assert len(throttled) == 10
     shares = f"{min(throttled):.3f}–{max(throttled):.3f}"
-    assert f"got {shares} of the CPU time it took turns for" in prose("README.md")
-    assert f"and it got {min(room):.3f}–{max(room):.3f} with room" in prose("README.md")
+    assert f"got {shares} of the CPU time it took turns for" in prose("docs/limits.md")
+    assert f"and it got {min(room):.3f}–{max(room):.3f} with room" in prose("docs/limits.md")
     assert f"got {min(room):.3f}–{max(room):.3f} of the time it took turns" in prose(
         "docs/model.md"
     )
