@@ -8,7 +8,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo demo-lab test check bench clean venv prometheus victoria-metrics browser controlplane
+.PHONY: demo demo-lab test unit check bench clean venv prometheus victoria-metrics browser controlplane
 
 $(STAMP): pyproject.toml lab/pyproject.toml
 	@test -n "$(PYTHON)" || { echo "unthrottle needs Python >= 3.11: install python3.11 (or newer) and run make again, or say PYTHON=/path/to/python3.11"; exit 1; }
@@ -91,6 +91,10 @@ controlplane: $(STAMP)
 ## listed at the end: where the suite's time goes).
 test: $(STAMP) prometheus victoria-metrics browser controlplane check
 	$(BIN)/pytest --durations=30
+
+## The unit tests alone: no root, no Go, no server (tests/unit), in well under two minutes.
+unit: $(STAMP)
+	$(BIN)/pytest tests/unit
 
 check: $(STAMP)
 	$(BIN)/ruff check src lab tests bench demo

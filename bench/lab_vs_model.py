@@ -17,7 +17,7 @@ and HZ, and held to the rules of ``unthrottle_lab.agreement`` (docs/model.md,
 "Agreement"). Prints a Markdown table: the lab's figures over the repeats, the
 model's, the kernel's own spread, and the verdict. ``--save`` writes every
 measurement, with how busy the rest of the machine was, to a results file that
-``tests/test_lab_replay.py`` replays through the model and
+``tests/unit/test_lab_replay.py`` replays through the model and
 ``docs/benchmarks.md`` §3 quotes.
 
 ``--pod`` measures the pod-quota scenarios instead (scenarios/pod-quota-*.yaml: runs in a

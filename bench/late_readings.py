@@ -16,7 +16,7 @@ unthrottle, that comes after the reading books a period's stall in the next wind
 Saved: every reading (ns from the run's start; usage, throttled time and wait, µs; the
 kernel's count of periods), the grid, and the recommendation (LimitOnly, target 0.05, no
 headroom, as in test_censoring) from each run's windows as read and as attributed by
-their refills (``unthrottle_lab.sampling.attribute``). ``tests/test_late_readings.py``
+their refills (``unthrottle_lab.sampling.attribute``). ``tests/unit/test_late_readings.py``
 replays them; ``--from FILE`` recomputes the recommendations from saved readings.
 """
 

@@ -63,7 +63,7 @@ def test_usage_plus_throttled_time_recovers_the_demand_that_usage_hides(
     # On a miss, the windows say which run read off. A late reading's counters are
     # attributed by the refills its window holds (docs/benchmarks.md §3, "Late readings";
     # a measured run whose refills were booked after the readings, 1.36x as read, is
-    # replayed in tests/test_late_readings.py).
+    # replayed in tests/unit/test_late_readings.py).
     assert 0.8 <= ratio <= 1.25, (
         f"{from_throttled.limit_millicores}m from the throttled run, "
         f"{from_truth.limit_millicores}m from the truth; demand per window, ms: "

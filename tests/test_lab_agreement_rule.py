@@ -13,7 +13,7 @@ import sys
 from functools import cache
 
 from conftest import ROOT
-from test_docs_figures import results
+from support.docs import results
 from unthrottle_lab.agreement import LEFT_ALONE_LOST_MS, Comparison, RunAgreement
 
 sys.path.insert(0, str(ROOT / "bench"))

@@ -19,7 +19,7 @@ Every assertion holds on a busy 2-core machine as on a quiet one, and none skips
   least one of the kernel's two measurements of each run, the latency tolerance
   widened by what the machine adds without a limit.
 
-``tests/test_lab_replay.py`` replays saved measurements through the model, without
+``tests/unit/test_lab_replay.py`` replays saved measurements through the model, without
 the kernel.
 """
 

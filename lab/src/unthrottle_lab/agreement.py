@@ -16,7 +16,7 @@ the given number of cores. The rules (docs/model.md, "Agreement"):
   wake-up moves by 50 µs steps, and the kernel's identical runs spread as wide (4 to
   13). A point prediction there agrees by chance; the band is what the model
   predicts. Every other seed run's band is a point or within 0.05, so nothing else
-  is widened (``tests/test_lab_replay.py`` checks both).
+  is widened (``tests/unit/test_lab_replay.py`` checks both).
 - **p50 and p95** within 15 % (or the run's ``latency_tolerance`` from the scenario
   file, for a run on a knife's edge) or 3 ms, whichever is wider, *plus what this
   machine adds without a limit*: the scenario's run without a limit measures the

@@ -77,7 +77,7 @@ def worst_order(evidence: PeriodEvidence) -> PeriodEvidence:
     the work they defer runs into the next largest windows; a window's backlog (the
     Lindley recursion of :mod:`unthrottle.cfs.backlog`) is then the most any order can
     give it, so no order throttles more windows at any limit and burst (property-tested
-    in ``tests/test_backlog.py``). For evidence rebuilt from a histogram alone, whose
+    in ``tests/unit/test_backlog.py``). For evidence rebuilt from a histogram alone, whose
     order was lost (docs/recommend.md, "Peaks in runs")."""
     cached = _WORST[0] if _WORST else None
     if cached is not None and cached[0] is evidence.demand_us:

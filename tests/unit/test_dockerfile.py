@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
 from missing import MISSING
+from support.paths import ROOT
 
 DOCKERFILE = ROOT / "Dockerfile"
 HADOLINT = Path(sys.executable).with_name("hadolint")

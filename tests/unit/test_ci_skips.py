@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
 from missing import MISSING
+from support.paths import ROOT
 
 SAMPLE = """
 import pytest

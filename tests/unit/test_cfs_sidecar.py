@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from conftest import ROOT
+from support.paths import ROOT
 from unthrottle.units import Bandwidth
 from unthrottle_lab.figures import RunFigures
 from unthrottle_lab.scenario import load_scenario

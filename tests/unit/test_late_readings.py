@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from conftest import ROOT
+from support.paths import ROOT
 from unthrottle.cgroups import CpuStat
 from unthrottle.recommend import Current, Policy, recommend
 from unthrottle_lab.agentview import View, as_read

@@ -1,7 +1,7 @@
 """The pod level's figures in the docs are the saved runs' (bench/results/pod-stall.json,
 bench/results/lab-vs-model-pod.json, bench/results/pod-sidecar.json,
 bench/results/lab-vs-model-sidecar.json), as
-tests/test_docs_figures.py holds the others."""
+tests/docs/test_docs_figures.py holds the others."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from conftest import ROOT
-from test_docs_figures import prose, results, section, span
+from support.docs import prose, results, section, span
+from support.paths import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
 import lab_vs_model

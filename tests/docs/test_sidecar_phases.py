@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from conftest import ROOT
-from test_docs_figures import prose, results, section
+from support.docs import prose, results, section
+from support.paths import ROOT
 from unthrottle_lab.agreement import RunAgreement, cfs_latency
 
 sys.path.insert(0, str(ROOT / "bench"))

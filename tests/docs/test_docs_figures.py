@@ -11,45 +11,14 @@ No kernel, no server: the files are read, nothing is measured.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
-from functools import cache
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
-
-
-@cache
-def results(name: str) -> Any:
-    return json.loads((RESULTS / name).read_text())
-
-
-@cache
-def prose(doc: str) -> str:
-    return " ".join((ROOT / doc).read_text().split())
-
-
-def section(number: int) -> str:
-    """One numbered section of docs/benchmarks.md, whitespace collapsed."""
-    text = (ROOT / "docs" / "benchmarks.md").read_text()
-    start = text.index(f"\n## {number}. ")
-    end = text.find("\n## ", start + 1)
-    return " ".join(text[start : end if end > 0 else None].split())
-
-
-def number(x: float, digits: int = 0) -> str:
-    return f"{x:,.{digits}f}"
-
-
-def span(values: list[float], digits: int, unit: str = "") -> str:
-    """``0.91–1.08 %``: the range of several runs, or one value when they agree."""
-    low, high = number(min(values), digits), number(max(values), digits)
-    return (low if low == high else f"{low}–{high}") + unit
+from support.docs import RESULTS, number, prose, results, section, span
+from support.paths import ROOT
 
 
 def kib(size: int) -> str:
@@ -522,7 +491,7 @@ QUOTES: list[Quote] = [
     ("docs/benchmarks.md", "m ({}×). With six readings",
      lambda: number(late_booked()["attributed_ratio"], 2)),
     ("docs/benchmarks.md", "got two CPUs), as read {}×,", lambda: late_read("as_read_ratio")),
-    ("docs/benchmarks.md", "attributed {}×. `tests/test_late_readings.py`",
+    ("docs/benchmarks.md", "attributed {}×. `tests/unit/test_late_readings.py`",
      lambda: late_read("attributed_ratio")),
     # the model's speed: §1 and README
     ("docs/architecture.md", "of 100 ms periods takes {};", lambda: model_speed(2)),

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import SCENARIOS
+from support.paths import SCENARIOS
 from unthrottle.units import Bandwidth
 from unthrottle_lab.scenario import (
     MAX_FILE_BYTES,
@@ -311,7 +311,7 @@ class TestASidecar:
         assert run.pod_bandwidth() == Bandwidth(125_000, 100_000, 0)
 
     def test_the_scenarios_of_the_lab_have_one(self) -> None:
-        root = Path(__file__).resolve().parents[1] / "scenarios"
+        root = Path(__file__).resolve().parents[2] / "scenarios"
         for name in ("pod-sidecar-batch.yaml", "tune-batch-sidecar.yaml"):
             first = load_scenario(root / name).runs[0]
             assert first.sidecar is not None and first.pod_bandwidth() == Bandwidth(

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LAB = ROOT / "lab" / "src" / "unthrottle_lab"
 LAB_COMMANDS = ("run", "workload", "tune", "simulate", "lab")
 PRODUCT_COMMANDS = ("recommend", "prometheus-rules", "operator", "crd", "report", "agent")

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from conftest import ROOT, SCENARIOS
+from support.paths import ROOT, SCENARIOS
 from unthrottle_lab.agreement import RATIO_TOLERANCE, Comparison, compare, latency_close
 from unthrottle_lab.figures import RunFigures
 from unthrottle_lab.output import lost_notes

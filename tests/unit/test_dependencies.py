@@ -15,7 +15,7 @@ import tomllib
 from importlib.metadata import packages_distributions
 from pathlib import Path
 
-from conftest import ROOT
+from support.paths import ROOT
 
 PACKAGE = ROOT / "src" / "unthrottle"
 LAB = ROOT / "lab" / "src" / "unthrottle_lab"
@@ -81,6 +81,7 @@ def test_the_laboratory_imports_only_what_the_product_or_its_own_pyproject_decla
 def test_the_tests_import_only_what_the_product_or_the_test_extra_declares() -> None:
     owners = packages_distributions()
     scripts = {p.stem for folder in SCRIPTS for p in (ROOT / folder).glob("*.py")}
+    scripts |= {p.parent.name for p in TESTS.glob("*/__init__.py")}
     modules = _modules(sorted(TESTS.rglob("*.py"))) - scripts
     assert {m for m in modules if m not in owners} == set(), "imported but not installed"
     imported = {owners[m][0].lower().replace("_", "-") for m in modules}

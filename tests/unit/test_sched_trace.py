@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from conftest import ROOT
+from support.paths import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
 import sched_trace

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import ROOT
+from support.paths import ROOT
 
 LINE = "cpu  100 0 100 1000 0 0 0 {steal} 0 0\n"  # /proc/stat's first line: steal is the 8th
 SAMPLE = """

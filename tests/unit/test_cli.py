@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, SCENARIOS
+from support.paths import ROOT, SCENARIOS
 
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
 UNTHROTTLE_LAB = Path(sys.executable).with_name("unthrottle-lab")

@@ -153,7 +153,7 @@ def test_the_docs_quote_what_the_kernel_measured_and_the_design_rests_on_it() ->
     import json
     import sys
 
-    from conftest import ROOT
+    from support.paths import ROOT
 
     sys.path.insert(0, str(ROOT / "bench"))
     import tune_busy

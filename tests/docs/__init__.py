@@ -1,0 +1,1 @@
+"""The docs' figures against saved results."""

@@ -1,0 +1,1 @@
+"""Unit tests: no root, no Go, no server."""
