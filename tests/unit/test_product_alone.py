@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -37,10 +38,17 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (``pip wheel .``), less the dependencies; with the build backend this environment has
     when it has one, so no package registry is needed."""
     out = tmp_path_factory.mktemp("wheel")
+    # what the Dockerfile's build stage copies, and nothing else (no stale build/ folder)
+    context = tmp_path_factory.mktemp("context")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, context / name)
+    shutil.copytree(
+        ROOT / "src", context / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
+    )
     isolation = ["--no-build-isolation"] if _local_backend() else []
     done = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", *isolation,
-         "--disable-pip-version-check", "--wheel-dir", str(out), str(ROOT)],
+         "--disable-pip-version-check", "--wheel-dir", str(out), str(context)],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     offline = r"Could not find a version|NewConnectionError|Max retries|Temporary failure"
