@@ -5,7 +5,7 @@
 #   docker build -t unthrottle:0.1.0 .
 #
 # Stage 1 builds the project's wheel and every dependency's; stage 2 holds only a virtualenv
-# with them installed: no compiler, no pip cache, no source tree. tests/test_dockerfile.py
+# with them installed: no compiler, no pip cache, no source tree. tests/unit/test_dockerfile.py
 # lints this file with hadolint and checks it against pyproject.toml (the package, its
 # extras, the files its build needs, the Python version, the entry point and the version).
 
