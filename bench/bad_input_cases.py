@@ -2,8 +2,8 @@
 
     .venv/bin/python bench/bad_input_cases.py --save bench/results/bad-input.json
 
-Counts the hand-written cases of ``tests/test_bad_input.py`` (each group is one row of
-docs/benchmarks.md §11) and the generated ones of ``tests/test_bad_input_props.py``
+Counts the hand-written cases of ``tests/kernel/test_bad_input.py`` (each group is one row of
+docs/benchmarks.md §11) and the generated ones of ``tests/kernel/test_bad_input_props.py``
 (hypothesis examples per property). Nothing is run: the suite itself checks each case
 (exit status, one ``error:`` line, no traceback, no hang, no secret printed).
 """
@@ -18,7 +18,7 @@ from typing import Any
 
 TESTS = Path(__file__).resolve().parent.parent / "tests"
 
-GROUPS = {  # row of §11 → the function of tests/test_bad_input.py that builds its cases
+GROUPS = {  # row of §11 → the function of tests/kernel/test_bad_input.py that builds its cases
     "prometheus_urls": "_prometheus_urls",
     "numbers": "_numbers",
     "text": "_texts",
@@ -33,8 +33,8 @@ GROUPS = {  # row of §11 → the function of tests/test_bad_input.py that build
 
 def count() -> dict[str, Any]:
     sys.path.insert(0, str(TESTS))
-    import test_bad_input as cases  # the tests folder is not a package
-    import test_bad_input_props as props
+    import kernel.test_bad_input_props as props
+    from support import bad_input as cases  # the tests folder is not a package
 
     groups = {}
     for row, builder in GROUPS.items():

@@ -8,7 +8,7 @@ runc; started once, ended by PID; one real node per machine, so run it under the
 lock), a fresh namespace per run with throttled Deployments (``tests/shop.py``) whose pods
 run the workload image on the real node (an idle scenario: 2 % of a core each), a real
 Prometheus with their history, and the operator's
-:class:`~unthrottle.operator.reconcile.Reconciler` (``tests/test_apply.py``'s ``World``) on a
+:class:`~unthrottle.operator.reconcile.Reconciler` (``tests/cluster/test_apply.py``'s ``World``) on a
 clock the script moves, talking to the API server through the recording proxy of
 ``tests/kube_faults.py``. The real kubelet admits, actuates and reports every resize, and
 makes every new pod of a rollout.
@@ -59,7 +59,7 @@ sys.path[:0] = [str(ROOT / "tests")]
 from kube import Kube, fresh_name  # noqa: E402
 from kube_faults import FaultProxy  # noqa: E402
 from shop import Workload, deployment, openmetrics  # noqa: E402
-from test_apply import World  # noqa: E402
+from support.apply import World  # noqa: E402
 from unthrottle.cgroups import Cgroup, CgroupError, Layout, detect_layout  # noqa: E402
 from unthrottle.kube.patching import Record, record_of  # noqa: E402
 from unthrottle.units import parse_cpu  # noqa: E402

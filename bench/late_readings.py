@@ -4,7 +4,7 @@
         --save bench/results/late-booked.json
     sudo .venv/bin/python bench/late_readings.py --late-ms 60 --repeats 4   # read late
 
-``tests/test_censoring.py``'s workload (two threads, 40 ms tasks back to back), measured
+``tests/kernel/test_censoring.py``'s workload (two threads, 40 ms tasks back to back), measured
 unlimited (the truth) and at 0.5 CPU, isolated, ``--repeats`` pairs of runs. Beside the
 lab's own sampler, a second reader samples the same cgroup on the same grid, 1 ms after
 each boundary, except for ``--late`` readings, each taken ``--late-ms`` after its

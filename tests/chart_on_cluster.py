@@ -3,7 +3,7 @@
 a cluster admin asks of RBAC put to the real API server (SubjectAccessReview,
 SelfSubjectAccessReview, SelfSubjectRulesReview).
 
-Used by tests/test_chart_install.py; nothing here stands in for the server.
+Used by tests/cluster/test_chart_install.py; nothing here stands in for the server.
 """
 
 from __future__ import annotations

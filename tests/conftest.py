@@ -3,7 +3,7 @@ checks, and the markers that skip by themselves.
 
 - ``kernel``: skipped, with the reason, without root or a cgroup CPU controller;
 - ``cluster``: the real-cluster suite is opt-in, skipped unless
-  ``UNTHROTTLE_TEST_CLUSTER=1`` (see ``tests/test_real_cluster.py``): against KUBECONFIG's
+  ``UNTHROTTLE_TEST_CLUSTER=1`` (see ``tests/cluster/test_real_cluster.py``): against KUBECONFIG's
   cluster, or without it against the tests' own control plane.
 
 The real control plane (``control_plane``, ``kube``): one per run, started on first use
@@ -15,13 +15,19 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from kube import Kube, fresh_name
 from missing import MISSING
-from unthrottle.cgroups import CgroupError, Layout, detect_layout
+from support.machine import (
+    CLUSTER_OPT_IN,
+    KERNEL_LAYOUT,
+    KERNEL_MISSING,
+    lab_cgroups,
+)
+from support.paths import ROOT
+from unthrottle.cgroups import Layout
 from unthrottle_lab.kube import (
     BuildError,
     ControlPlane,
@@ -30,21 +36,6 @@ from unthrottle_lab.kube import (
     ensure_node_built,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
-SCENARIOS = sorted((ROOT / "scenarios").glob("seed-*.yaml"))
-CLUSTER_OPT_IN = "UNTHROTTLE_TEST_CLUSTER"
-
-
-def _kernel_layout() -> tuple[Layout | None, str]:
-    if os.geteuid() != 0:
-        return None, "needs root (it creates real cgroups)"
-    try:
-        return detect_layout(), ""
-    except CgroupError as err:
-        return None, f"needs a cgroup CPU controller: {err}"
-
-
-KERNEL_LAYOUT, KERNEL_MISSING = _kernel_layout()
 pytest_plugins = ["missing", "steal"]  # CI=true fails skips for what make installs; skip
 # counts; and the host's steal time per test and over the run
 
@@ -69,51 +60,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(no_kernel)
         if os.environ.get(CLUSTER_OPT_IN) != "1" and item.get_closest_marker("cluster"):
             item.add_marker(no_cluster)
-
-
-_OWNER = re.compile(r"^unthrottle-\D*?(\d+)")
-
-
-def _parent_of(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rpartition(")")[2].split()[1])
-
-
-def _someone_elses(name: str) -> bool:
-    """A cgroup named after a live process that is neither this one nor one it started:
-    another engineer's test run on the same machine, not a leak of ours."""
-    match = _OWNER.match(name)
-    if match is None:
-        return False
-    pid: int | None = int(match.group(1))
-    if not Path(f"/proc/{pid}").exists():
-        return False  # its owner is gone: ours if it appeared during our test
-    while pid is not None and pid > 1:
-        if pid == os.getpid():
-            return False
-        pid = _parent_of(pid)
-    return True
-
-
-def cpu_cgroup_of(pid: int) -> str:
-    """The process's path in the CPU hierarchy (v1 ``cpu`` or v2's ``0::``)."""
-    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "cpu" in controllers.split(",") or controllers == "":
-            return path
-    raise AssertionError(f"{pid}: no CPU hierarchy")
-
-
-def lab_cgroups(layout: Layout) -> set[Path]:
-    """Every lab or test cgroup present now, in every hierarchy, except those of other
-    processes' test runs (the machine is shared)."""
-    found: set[Path] = set()
-    for root in layout.roots:
-        found |= {p for p in root.glob("unthrottle-*") if not _someone_elses(p.name)}
-    return found
 
 
 @pytest.fixture

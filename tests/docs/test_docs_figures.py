@@ -333,7 +333,7 @@ QUOTES: list[Quote] = [
     ("docs/install.md", "({} when none run)", agent_cost_idle),
     ("docs/install.md", "a scrape {} ms per container", agent_scrape_per_container),
     ("docs/install.md", "the discovery thread {} of a core", agent_discovery_share),
-    ("tests/test_chart.py", "# docs/benchmarks.md §5: {} of a core sampling 200 containers",
+    ("tests/servers/test_chart.py", "# docs/benchmarks.md §5: {} of a core sampling 200 containers",
      agent_cost_running),
     # the agent with every container running: install.md, §5's table, the chart's values
     ("docs/install.md", "it took {}m with one thread per", lambda: agent_sizing(1, "millicores")),

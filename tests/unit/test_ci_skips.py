@@ -75,7 +75,9 @@ def test_elsewhere_it_is_a_skip_and_the_run_ends_with_each_reason_counted(
     ]
 
 
-PROMTOOL_TEST = "tests/test_chart.py::test_promtool_accepts_the_prometheus_rule_the_chart_renders"
+PROMTOOL_TEST = (
+    "tests/servers/test_chart.py::test_promtool_accepts_the_prometheus_rule_the_chart_renders"
+)
 
 
 def ci_run(tmp_path: Path, tools: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -289,7 +289,7 @@ def test_the_labels_say_what_pyproject_says() -> None:
     ("path", "left_out"),
     [("src/unthrottle/cli/main.py", False), ("pyproject.toml", False),
      ("src/unthrottle/__pycache__/x.pyc", True), (".venv/bin/python", True),
-     ("tests/test_chart.py", True), ("src/unthrottle.egg-info/PKG-INFO", True)],
+     ("tests/servers/test_chart.py", True), ("src/unthrottle.egg-info/PKG-INFO", True)],
 )  # fmt: skip
 def test_the_dockerignore_matcher_reads_patterns_as_docker_does(path: str, left_out: bool) -> None:
     lines = (ROOT / ".dockerignore").read_text().splitlines()

@@ -5,7 +5,7 @@ cost three syscalls and a path lookup each time, ``pread`` on an open file
 costs one (627 ns hot for 32 bytes of ``cpuacct.usage``: docs/benchmarks.md,
 "What the agent costs"). A cgroup file kept open gives the kernel's current
 value at every ``pread`` from offset 0: the agent's kernel tests read one
-reader window after window (tests/test_agent_vs_lab.py). A cgroup that
+reader window after window (tests/kernel/test_agent_vs_lab.py). A cgroup that
 vanishes (its pod died) raises :class:`Vanished` so the caller can drop it.
 
 Each reader names its *usage file* (``usage_fd``): the file whose bytes change

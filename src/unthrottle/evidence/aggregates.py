@@ -41,7 +41,7 @@ CRC-32, zlib-compressed, and sparse: a bit per number says whether it is zero,
 and only non-zero numbers are stored, their bytes shuffled (all first bytes,
 then all second bytes …) so that exponents compress together. 2,000 containers
 × 24 slots with 28 buckets, four in five idle in a slot, and counts that are
-not round numbers take 657 KiB (``tests/test_aggregates.py`` measures it:
+not round numbers take 657 KiB (``tests/servers/test_aggregates.py`` measures it:
 about 3.3 bytes per non-zero number, pods and names included; format 3's pod, PSI
 and burst columns cost a zero bit each where they are absent). A ConfigMap
 holds 1 MiB; :meth:`~WindowAggregates.to_chunks` cuts a bigger checkpoint

@@ -1,0 +1,15 @@
+"""Kernel tests: root and real cgroups (the agent, the lab, the CFS settings), no control
+plane.
+
+The fixtures this area's modules share are registered here (defined in tests/support);
+the session-wide ones (``layout``, ``control_plane``, ``real_node``, ``kube``) and the
+markers' skip rules are in tests/conftest.py."""
+
+from __future__ import annotations
+
+from support.bad_input import (  # noqa: F401 (fixtures)
+    web,
+)
+from support.metrics_tls_auth import (  # noqa: F401 (fixtures)
+    https,
+)
