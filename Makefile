@@ -50,7 +50,7 @@ prometheus:
 	  else echo "prometheus is not installed and this is not root: its tests will be skipped"; fi; }
 	@# the package starts a system service where systemd runs: the tests start their own
 
-## The PromQL-compatible store the backend tests also run against (tests/test_victoria*.py):
+## The PromQL-compatible store the backend tests also run against (tests/*/test_victoria*.py):
 ## Debian's single-node VictoriaMetrics; root installs it.
 victoria-metrics:
 	@command -v victoria-metrics >/dev/null || { \

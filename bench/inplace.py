@@ -8,8 +8,8 @@ runc; started once, ended by PID; one real node per machine, so run it under the
 lock), a fresh namespace per run with throttled Deployments (``tests/shop.py``) whose pods
 run the workload image on the real node (an idle scenario: 2 % of a core each), a real
 Prometheus with their history, and the operator's
-:class:`~unthrottle.operator.reconcile.Reconciler` (``tests/cluster/test_apply.py``'s ``World``) on a
-clock the script moves, talking to the API server through the recording proxy of
+:class:`~unthrottle.operator.reconcile.Reconciler` (``tests/support/apply.py``'s ``World``)
+on a clock the script moves, talking to the API server through the recording proxy of
 ``tests/kube_faults.py``. The real kubelet admits, actuates and reports every resize, and
 makes every new pod of a rollout.
 
