@@ -25,46 +25,37 @@ import yaml
 
 from chart_on_cluster import (
     CHART,
-    RBAC_KINDS,
     Access,
     access_of,
     allowed_for,
-    apply,
-    delete,
     helm_config,
     kubectl,
-    render,
     self_allowed,
     self_rules,
-    service_account_user,
     with_image,
 )
 from kube import Kube, fresh_name
 from kube_faults import FaultProxy
 from missing import MISSING as NOT_INSTALLED
 from operator_proc import UNTHROTTLE
-from prom import PrometheusServer, free_port, requires_prometheus
+from prom import PrometheusServer, requires_prometheus
 from shop import HEALTHY, THROTTLED, deploy, openmetrics
 from support.chart import (
     PROMETHEUS_AUTH,
     documented_rbac,
 )
-from support.machine import KERNEL_LAYOUT, KERNEL_MISSING
+from support.chart_rbac import PRIVILEGED, ChartRbac, chart_rbac
 from unthrottle.units import parse_cpu
 from unthrottle_lab.children import stop
 from unthrottle_lab.kube import (
-    REAL_NODE_TAINT,
     BuildError,
     ControlPlane,
-    RealNode,
     ensure_built,
-    ensure_node_built,
 )
 
 POLICIES = "unthrottle.io/v1alpha1/throttlepolicies"
 DEPLOYMENTS = "apps/v1/deployments"
 RECORD = "unthrottle.io/last-applied"
-PRIVILEGED = {"pod-security.kubernetes.io/enforce": "privileged"}  # docs/install.md, step 1
 DEADLINE_S = 90.0
 
 
@@ -260,67 +251,6 @@ def test_pod_security_admits_the_operator_and_refuses_the_agent_as_the_docs_say(
 
 
 # --- 2. RBAC, for real: the operator on its ServiceAccount's token ------------------------
-
-
-@dataclass
-class ChartRbac:
-    """The chart's RBAC objects applied for a release; the operator's identity."""
-
-    kube: Kube
-    release: str
-    namespace: str
-    objects: list[dict[str, Any]]
-
-    def account(self, component: str) -> str:
-        label = "app.kubernetes.io/component"
-        return next(o["metadata"]["name"] for o in self.objects
-                    if o["kind"] == "ServiceAccount"
-                    and o["metadata"]["labels"][label] == component)  # fmt: skip
-
-    def user(self, component: str = "operator") -> str:
-        return service_account_user(self.namespace, self.account(component))
-
-    def token(self, component: str = "operator") -> str:
-        return self.kube.token(self.namespace, self.account(component))
-
-    def command(self, prometheus: str) -> list[str]:
-        """The operator's command line as the chart's container runs it (the peering shell
-        line included), with this test's Prometheus, listening addresses and log format."""
-        deployment = next(o for o in self.objects if o["kind"] == "Deployment")
-        (c,) = deployment["spec"]["template"]["spec"]["containers"]
-        # the webhook's flags too: its certificate is the chart's Secret, mounted in-cluster
-        ours = ("--prometheus=", "--liveness=", "--metrics=", "--log-format=", "--webhook=",
-                "--webhook-tls-dir=")  # fmt: skip
-        args = [a for a in c["args"] if not a.startswith(ours)]
-        args += [f"--prometheus={prometheus}", f"--liveness=127.0.0.1:{free_port()}",
-                 f"--metrics=127.0.0.1:{free_port()}", "--log-format=text"]  # fmt: skip
-        return [*c.get("command", ["unthrottle"]), *args]
-
-    def granted(self) -> set[tuple[str, str, str]]:
-        """(group, resource, verb) of the operator's roles, as rendered."""
-        names = {o["roleRef"]["name"] for o in self.objects
-                 if o["kind"] in ("ClusterRoleBinding", "RoleBinding")
-                 and any(s["name"] == self.account("operator") for s in o["subjects"])}  # fmt: skip
-        return {(g, r, v) for o in self.objects
-                if o["kind"] in ("ClusterRole", "Role") and o["metadata"]["name"] in names
-                for rule in o["rules"] for g in rule["apiGroups"] for r in rule["resources"]
-                for v in rule["verbs"]}  # fmt: skip
-
-
-@contextmanager
-def chart_rbac(kube: Kube, values: dict[str, Any]) -> Iterator[ChartRbac]:
-    """The chart rendered by Helm for this control plane, and its ServiceAccounts, roles,
-    bindings and Kopf peering objects applied with kubectl (the rest is not needed to run
-    the operator here)."""
-    kube.create_namespace(kube.namespace, PRIVILEGED)
-    release = fresh_name("ut")
-    objects = render(kube, release, kube.namespace, values)
-    rbac = [o for o in objects if o["kind"] in RBAC_KINDS or o["apiVersion"] == "kopf.dev/v1"]
-    apply(kube, rbac)
-    try:
-        yield ChartRbac(kube, release, kube.namespace, objects)
-    finally:
-        delete(kube, [o for o in rbac if o["kind"].startswith("Cluster")])
 
 
 APPLY_ONLY = {("apps", "deployments", "patch"), ("autoscaling.k8s.io", "verticalpodautoscalers",
@@ -595,90 +525,6 @@ def test_with_apply_enabled_every_call_of_the_operator_is_allowed_and_apply_patc
     assert refused == {}
     used = _least_privilege(run, asked, not_yet=frozenset({("", "pods", "patch")}))
     assert {("apps", "deployments", "patch"), ("", "pods/resize", "patch")} <= used
-
-
-IDLE = """name: idle
-workload: {kind: serial, task_cpu_ms: 2, workers: 1, tasks: 20, think_ms: 98}
-runs: [{}]
-"""
-"""What the real pod runs: 2 % of a core."""
-
-
-@pytest.fixture(scope="module")
-def chart_node(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
-               ) -> Iterator[RealNode]:  # fmt: skip
-    """A real node (a kubelet, containerd and runc) joined to this module's control plane."""
-    if KERNEL_LAYOUT is None:
-        pytest.skip(f"{NOT_INSTALLED} the real node: {KERNEL_MISSING}")
-    try:
-        ensure_node_built()
-    except BuildError as error:
-        pytest.skip(f"{NOT_INSTALLED} the real node cannot be built: {error}")
-    with RealNode(control_plane, tmp_path_factory.mktemp("chart-node")) as node:
-        yield node
-
-
-def _idle_on(node: RealNode, namespace: str) -> dict[str, Any]:
-    """A Deployment of one Burstable pod of the workload image on the real node."""
-    labels = {"app": "idle"}
-    container = {"name": "app", "image": node.images["workload"].name,
-                 "imagePullPolicy": "Never", "args": ["workload", "/s/scenario.yaml"],
-                 "volumeMounts": [{"name": "s", "mountPath": "/s"}],
-                 "resources": {"requests": {"cpu": "100m"}, "limits": {"cpu": "500m"}}}  # fmt: skip
-    spec = {"nodeSelector": {"kubernetes.io/hostname": node.name},
-            "tolerations": [{**REAL_NODE_TAINT, "operator": "Equal"}],
-            "terminationGracePeriodSeconds": 1, "automountServiceAccountToken": False,
-            "volumes": [{"name": "s", "configMap": {"name": "idle"}}],
-            "containers": [container]}  # fmt: skip
-    return {"apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": "idle", "namespace": namespace},
-            "spec": {"replicas": 1, "selector": {"matchLabels": labels},
-                     "template": {"metadata": {"labels": labels}, "spec": spec}}}  # fmt: skip
-
-
-@pytest.mark.kernel
-def test_in_place_the_charts_rbac_resizes_a_real_pod_and_patches_its_burst(
-    kube: Kube, tmp_path: Path, chart_node: RealNode
-) -> None:
-    """What the kwok run above cannot reach: on the real node, the operator's own pod store
-    (``KubePods``) on the chart's RBAC, with Apply and InPlace on, resizes a running pod
-    (pods/resize: the kubelet writes the new quota into its cgroup) and then patches the
-    pod's burst annotation (pods patch), as InPlace does once a kubelet reports a resize
-    done. The pod is the same one, never restarted."""
-    from kubernetes.config import new_client_from_config
-
-    from unthrottle.cgroups import Cgroup
-    from unthrottle.kube.inplace import annotation_patch
-    from unthrottle.kube.pods import KubePods
-    from unthrottle.model.burst import BURST_ANNOTATION
-
-    namespace = kube.namespace
-    values = {"apply": {"enabled": True, "inPlace": {"enabled": True}},
-              "watchNamespaces": [namespace]}  # fmt: skip
-    kube.create("v1/configmaps", {"apiVersion": "v1", "kind": "ConfigMap",
-                                  "metadata": {"name": "idle", "namespace": namespace},
-                                  "data": {"scenario.yaml": IDLE}})  # fmt: skip
-    kube.create(DEPLOYMENTS, _idle_on(chart_node, namespace))
-    (pod,) = kube.pods_of(kube.replicaset_of(kube.rolled_out(namespace, "idle", timeout_s=120)))
-    name, uid = pod["metadata"]["name"], pod["metadata"]["uid"]
-    cid = pod["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
-    assert KERNEL_LAYOUT is not None
-    cgroup = Cgroup(KERNEL_LAYOUT, f"{chart_node.cgroup_parent}/kubepods/burstable/pod{uid}/{cid}")
-    assert cgroup.read_bandwidth().quota_us == 50_000
-    with chart_rbac(kube, {"operator": values}) as rbac:
-        config = kube.kubeconfig(tmp_path / "operator.kubeconfig", token=rbac.token())
-        pods = KubePods(new_client_from_config(config_file=str(config)))
-        body = {"spec": {"containers": [{"name": "app", "resources": {
-            "requests": {"cpu": "100m"}, "limits": {"cpu": "700m"}}}]}}  # fmt: skip
-        pods.resize(namespace, name, body)
-        kube.until("the kubelet's new quota in the pod's cgroup", cgroup.read_bandwidth,
-                   lambda bw: bw.quota_us == 70_000, timeout_s=60)  # fmt: skip
-        patched = pods.annotate(namespace, name, annotation_patch(BURST_ANNOTATION, "app=10ms"))
-    assert patched["metadata"]["annotations"][BURST_ANNOTATION] == "app=10ms"
-    now = kube.get("v1/pods", namespace, name)
-    assert now is not None and now["metadata"]["uid"] == uid
-    status = now["status"]["containerStatuses"][0]
-    assert status["containerID"].endswith(cid) and status["restartCount"] == 0, status
 
 
 REPLACE_CONFIGMAPS = ("", "configmaps", "update")
