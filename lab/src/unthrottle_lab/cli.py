@@ -23,8 +23,8 @@ import typer
 from unthrottle import __version__
 from unthrottle.cgroups import CgroupError, Layout, detect_layout
 from unthrottle.cli import checks
-from unthrottle.cli.common import err, fail
-from unthrottle.cli.text import plain, styled
+from unthrottle.cli.common import err, fail, run_guarded
+from unthrottle.cli.text import styled
 from unthrottle.recommend import Policy, PolicyError, Strategy
 from unthrottle_lab.agentview import View
 from unthrottle_lab.figures import RunFigures
@@ -324,11 +324,4 @@ def _root(
 def main() -> None:
     """Console-script entry point. A bug ends in one line, not a traceback (which may show
     a secret); ``UNTHROTTLE_DEBUG=1`` shows the traceback."""
-    try:
-        app()
-    except Exception as error:
-        if os.environ.get("UNTHROTTLE_DEBUG") == "1":
-            raise
-        fail(f"internal error ({type(error).__name__}: {plain(error, one_line=True)}); "
-             "UNTHROTTLE_DEBUG=1 shows where", 1)  # fmt: skip
-        sys.exit(1)
+    run_guarded(app)

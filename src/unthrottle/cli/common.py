@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,20 @@ def fail(message: str, code: int) -> typer.Exit:
     """Print ``error: message`` on stderr; the Exit to raise with ``code``."""
     err.print(Text.assemble(("error:", "bold red"), " ", plain(message)))
     return typer.Exit(code)
+
+
+def run_guarded(app: typer.Typer) -> None:
+    """Run a console script's app. A bug ends in one line, not a traceback (which may show
+    a secret); ``UNTHROTTLE_DEBUG=1`` shows the traceback. ``unthrottle`` and the
+    laboratory's ``unthrottle-lab`` both end this way."""
+    try:
+        app()
+    except Exception as error:
+        if os.environ.get("UNTHROTTLE_DEBUG") == "1":
+            raise
+        fail(f"internal error ({type(error).__name__}: {plain(error, one_line=True)}); "
+             "UNTHROTTLE_DEBUG=1 shows where", 1)  # fmt: skip
+        sys.exit(1)
 
 
 def note(message: str) -> None:

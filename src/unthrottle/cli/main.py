@@ -7,7 +7,6 @@ import os
 import re
 import signal
 import socket
-import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -27,12 +26,11 @@ from unthrottle.agent.server import make_server, serve
 from unthrottle.agent.settings import AgentSettings, InvalidAgentSettings
 from unthrottle.cgroups import CgroupError, detect_layout
 from unthrottle.cli import checks
-from unthrottle.cli.common import fail, load_kube_config
+from unthrottle.cli.common import fail, load_kube_config, run_guarded
 from unthrottle.cli.crd_cmd import crd_command
 from unthrottle.cli.operator_cmd import operator_command
 from unthrottle.cli.recommend_cmd import prometheus_rules_command, recommend_command
 from unthrottle.cli.report_cmd import report_command
-from unthrottle.cli.text import plain
 
 app = typer.Typer(
     help="Find CFS throttling, fix it with the smallest CPU limit.",
@@ -213,11 +211,4 @@ def _core_api(kubeconfig: Path | None) -> Any:
 def main() -> None:
     """Console-script entry point. A bug ends in one line, not a traceback (which may show
     a secret); ``UNTHROTTLE_DEBUG=1`` shows the traceback."""
-    try:
-        app()
-    except Exception as error:
-        if os.environ.get("UNTHROTTLE_DEBUG") == "1":
-            raise
-        fail(f"internal error ({type(error).__name__}: {plain(error, one_line=True)}); "
-             "UNTHROTTLE_DEBUG=1 shows where", 1)  # fmt: skip
-        sys.exit(1)
+    run_guarded(app)
