@@ -17,11 +17,10 @@ def test_kernel_and_cluster_markers_skip_by_themselves_with_the_reason(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # This project's conftest, on a machine without root: the layout comes back None.
+    # (its collection hook reads the module's names when it runs: rebound after its imports)
     conftest = (ROOT / "tests" / "conftest.py").read_text()
-    conftest = conftest.replace(
-        "KERNEL_LAYOUT, KERNEL_MISSING = _kernel_layout()",
-        'KERNEL_LAYOUT, KERNEL_MISSING = None, "needs root (it creates real cgroups)"',
-    )
+    assert "KERNEL_LAYOUT is None" in conftest  # the rule this test holds is still there
+    conftest += '\nKERNEL_LAYOUT, KERNEL_MISSING = None, "needs root (it creates real cgroups)"\n'
     pytester.makeconftest(conftest)
     pytester.makeini(
         "[pytest]\nasyncio_default_fixture_loop_scope = function\n"
