@@ -126,6 +126,14 @@ def _finished(draft: Draft, policy: Policy, current: Current) -> Draft:
     return valid(draft, policy, current)
 
 
+def _what_ran(evidence: PeriodEvidence, today_millicores: int) -> PeriodEvidence:
+    """What certainly ran: each window's demand capped at today's quota, which no window's
+    usage exceeds below its throttling. The backlog is of the throttled demand too, so it is
+    dropped: the peaks are taken to stand apart."""
+    quota = quota_of(today_millicores, evidence.period_us)
+    return replace(evidence, demand_us=np.minimum(evidence.demand_us, quota), backlog=None)
+
+
 def _lower_limit(
     evidence: Evidence, current: Current, policy: Policy, ratio: float | None
 ) -> int | None:
@@ -137,10 +145,7 @@ def _lower_limit(
         # the counters' step keeps today's burst: measured throttled at today's limit with it
         draft = Draft(today + ROUND_TO_MILLICORES, current.burst_us)
     else:
-        quota = quota_of(today, evidence.period_us)
-        # the backlog is of the throttled demand too: the bottom assumes peaks stand apart
-        ran = replace(evidence, demand_us=np.minimum(evidence.demand_us, quota), backlog=None)
-        draft = _period_chain(ran, policy)
+        draft = _period_chain(_what_ran(evidence, today), policy)
         if policy.strategy is Strategy.LIMIT_ONLY and draft.limit is not None:
             # no burst: today's limit, with today's burst or more, was measured throttled
             draft = draft.but(limit=max(draft.limit, today + ROUND_TO_MILLICORES))
@@ -186,9 +191,8 @@ def _ran_ratio(evidence: Evidence, current: Current, draft: Draft) -> float | No
     throttled; below, what it must be."""
     if not isinstance(evidence, PeriodEvidence) or current.limit_millicores is None:
         return None
-    quota = quota_of(current.limit_millicores, evidence.period_us)
-    ran = replace(evidence, demand_us=np.minimum(evidence.demand_us, quota), backlog=None)
-    return _expected_ratio(ran, draft, evidence.period_us)
+    return _expected_ratio(_what_ran(evidence, current.limit_millicores), draft,
+                           evidence.period_us)  # fmt: skip
 
 
 def _quota_end_ratio(found: contention.Split, draft: Draft, period_us: int) -> float | None:
