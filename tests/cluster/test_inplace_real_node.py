@@ -92,20 +92,35 @@ def test_the_rollback_of_a_raised_burst_lowers_it_before_the_quota_falls(
     canary = _record(rw.world.deployment(APP.name)).canary or ""
     rw.reconcile_until("the canary resized", lambda s, m: "verifying its throttling" in m)
     rw.until_kernel(canary, quota=QUOTA_US, burst=BURST_US)
+    # This Prometheus scrapes nothing: the agent's gauge goes in as its scrape would put it,
+    # 68 ms until the kernel shows the lower burst (without it, "no series" reads as "no
+    # agent" and the resize races the agent's write).
+    now = int(time.time())
+    _burst_gauge(rw, canary, BURST_US / 1e6, now - 300, now)
     rw.world.clock.now = T0 + 60
     rw.history(canary, T0 + 60, **HURT)
     rw.world.clock.now = T0 + 60 + VERIFY_S + 60
     errors: list[str] = []
+    messages: list[str] = []
+    scraped_zero = False
 
     def back(state: str, message: str) -> bool:
+        nonlocal scraped_zero
+        messages.append(message)
         conditions = rw.pod(canary)["status"].get("conditions") or []
         errors.extend(c.get("message", "") for c in conditions
                       if c["type"] == "PodResizeInProgress"
                       and c.get("reason") == "Error")  # fmt: skip
+        if not scraped_zero and rw.kernel(canary) == (QUOTA_US, 0):  # the agent wrote it
+            later = int(time.time()) + 1
+            time.sleep(1.1)
+            _burst_gauge(rw, canary, 0.0, later, later)
+            scraped_zero = True
         return state == "RolledBack"
 
     state, message = rw.reconcile_until("rolled back", back, timeout_s=90)
     assert "got worse" in message, message
+    assert any("waiting for the node agent" in m for m in messages), messages
     assert not errors, f"the kubelet failed a write: {errors[:1]}"
     assert rw.kernel(canary) == (50_000, 0)
     assert all(rw.kernel(n) == (50_000, 0) for n in rw.pods())
