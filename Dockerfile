@@ -14,8 +14,12 @@ ARG PYTHON_VERSION=3.11.14
 # Empty, or "@sha256:<digest>" of python:${PYTHON_VERSION}-slim-bookworm for your platforms
 # (docker buildx imagetools inspect prints it): pins the base image exactly.
 ARG PYTHON_DIGEST=
+# The base of both stages: the official image. Only a machine that cannot pull it passes
+# another: the laboratory's stand-in made from Debian's packages, with Debian's Python 3.11
+# (lab/src/unthrottle_lab/kube/image.py, `make image`).
+ARG BASE_IMAGE=python:${PYTHON_VERSION}-slim-bookworm${PYTHON_DIGEST}
 
-FROM python:${PYTHON_VERSION}-slim-bookworm${PYTHON_DIGEST} AS build
+FROM ${BASE_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
@@ -28,7 +32,7 @@ RUN pip wheel --wheel-dir /wheels . \
  && python -m venv /opt/unthrottle \
  && /opt/unthrottle/bin/pip install --no-index --find-links /wheels /wheels/unthrottle-*.whl
 
-FROM python:${PYTHON_VERSION}-slim-bookworm${PYTHON_DIGEST}
+FROM ${BASE_IMAGE}
 LABEL org.opencontainers.image.title="unthrottle" \
       org.opencontainers.image.description="Find CFS throttling in Kubernetes, prove it, and fix it with the smallest CPU limit (or burst) that stops it." \
       org.opencontainers.image.version="0.1.0" \

@@ -1,10 +1,13 @@
 """The image (Dockerfile): linted by hadolint, and held to pyproject.toml.
 
-No container engine runs on these machines, so the image is not built here. What can be
-checked is: hadolint's rules, with no finding allowed; that the image installs the very
-package and extras the tests install, from the project itself (not a dependency list that
-could drift from pyproject.toml); that the build context .dockerignore leaves is enough to
-build the wheel (it is built from exactly that context); and what the last stage holds.
+No container engine runs on these machines, so these unit tests do not build the image
+(tests/kernel/test_image.py builds it with buildah on a stand-in base, and runs it on the
+real node). What is checked here is: hadolint's rules, with no finding allowed; that the
+image installs the very package and extras the tests install, from the project itself (not
+a dependency list that could drift from pyproject.toml); that the build context
+.dockerignore leaves is enough to build the wheel (it is built from exactly that context);
+that both stages start from the official python image unless a build arg says otherwise;
+and what the last stage holds.
 """
 
 from __future__ import annotations
@@ -62,19 +65,24 @@ def instructions(text: str) -> list[tuple[str, str]]:
     return out
 
 
+def substituted(text: str, args: dict[str, str]) -> str:
+    """``text`` with each ``${NAME}`` of an ARG defined before it replaced by its value."""
+    return re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], text)
+
+
 def parse_dockerfile() -> tuple[dict[str, str], list[Stage]]:
-    """The global ARG defaults, and the stages with their ARGs substituted in FROM."""
+    """The global ARG defaults (an ARG's default may use the ARGs above it, as
+    ``BASE_IMAGE`` does), and the stages with their ARGs substituted in FROM."""
     args: dict[str, str] = {}
     stages: list[Stage] = []
     for keyword, arg in instructions(DOCKERFILE.read_text()):
         if keyword == "FROM":
             words = arg.split()
-            base = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], words[0])
             name = words[2] if len(words) == 3 and words[1].upper() == "AS" else None
-            stages.append(Stage(base, name))
+            stages.append(Stage(substituted(words[0], args), name))
         elif keyword == "ARG" and not stages:
             key, _, value = arg.partition("=")
-            args[key] = value
+            args[key] = substituted(value, args)
         elif stages:
             stages[-1].instructions.append((keyword, arg))
     return args, stages
@@ -251,6 +259,17 @@ def test_both_stages_run_the_python_the_project_is_tested_on() -> None:
     low = re.fullmatch(r">=(\d+)\.(\d+)", PROJECT["project"]["requires-python"])
     assert low is not None and (major, minor) >= (int(low[1]), int(low[2]))
     assert f"{major}.{minor}" == PROJECT["tool"]["mypy"]["python_version"]
+
+
+def test_the_base_is_the_official_python_image_unless_a_build_arg_says_otherwise() -> None:
+    """Both stages start from ``BASE_IMAGE``, whose default is the official
+    ``python:<version>-slim-bookworm``: what users build and what the chart runs. Only the
+    laboratory, which can pull no image, passes its stand-in (``make image``)."""
+    args, _ = parse_dockerfile()
+    froms = [arg.split()[0] for kw, arg in instructions(DOCKERFILE.read_text()) if kw == "FROM"]
+    assert froms == ["${BASE_IMAGE}", "${BASE_IMAGE}"]
+    assert args["BASE_IMAGE"] == f"python:{args['PYTHON_VERSION']}-slim-bookworm"
+    assert args["PYTHON_DIGEST"] == ""  # unpinned by default: docs/install.md pins it
 
 
 def test_the_last_stage_holds_no_compiler_no_pip_cache_no_source_and_runs_as_a_user() -> None:
