@@ -8,7 +8,9 @@
 ``{"node", "endpoint", "cgroup_root", "images": {"workload", "pause"}, …}``. It runs until
 SIGINT or SIGTERM, then ends everything it started, by PID, and removes what it wrote
 (after a SIGKILL, the node's guard does). ``build`` builds the control plane's and the
-node's binaries.
+node's binaries. ``image`` builds the product's image from the Dockerfile (:mod:`.image`)
+when the cache has none for this checkout, and prints its archive's path, its name, and
+whether it was cached, with what its cold build took.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 
 from unthrottle_lab.kube.build import BuildError, ensure_built, ensure_node_built
 from unthrottle_lab.kube.cluster import ControlPlane, StartError
+from unthrottle_lab.kube.image import build_product_image, build_record, cached_product_image
 from unthrottle_lab.kube.node import RealNode
 
 
@@ -69,6 +72,23 @@ def _up(folder: Path, nodes: int, *, kubelet: bool) -> int:
         plane.stop()
 
 
+def _image() -> int:
+    """Build (or find) the product's image; what a user needs to know of it, on stdout."""
+    cached = cached_product_image() is not None
+    image = build_product_image()
+    record = build_record(image)
+    base = ("cached" if record.base_tar_s is None else f"{record.base_tar_s:.0f} s") + (
+        f" + {record.base_image_s:.0f} s into buildah"
+    )
+    print(image.archive)
+    print(image.name)
+    print(
+        f"{'cached' if cached else 'built'}: cold build: base {base}, bud {record.bud_s:.0f} s, "
+        f"push {record.push_s:.0f} s; {record.size_bytes / 1e6:.0f} MB uncompressed"
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m unthrottle_lab.kube")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -78,12 +98,16 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--kubelet", action="store_true",
                     help="also one real node: containerd, runc and a kubelet (root)")  # fmt: skip
     commands.add_parser("build", help="build the binaries into the cache (if not there)")
+    commands.add_parser("image", help="build the product's image from the Dockerfile into the "
+                        "cache (if not there): archive, name, cold build figures")  # fmt: skip
     args = parser.parse_args(argv)
     try:
         if args.command == "build":
             print(ensure_built().folder)
             print(ensure_node_built().folder)
             return 0
+        if args.command == "image":
+            return _image()
         if not 0 <= args.nodes <= 100:
             parser.error("--nodes: between 0 and 100")
         if args.kubelet and os.geteuid() != 0:
