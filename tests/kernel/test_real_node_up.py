@@ -1,11 +1,13 @@
 """``python -m unthrottle_lab.kube up DIR --nodes 0 --kubelet``: a cluster of one real
 node, as a user starts it, described in ``DIR/kubelet.json``; and after a SIGKILL of
-``up`` nothing of the node is left on the host (its guard sweeps it away)."""
+``up`` nothing of the node is left on the host (its guard sweeps it away), kube-proxy's
+and the kubelet's iptables chains included."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import ssl
 import subprocess
@@ -17,9 +19,25 @@ from pathlib import Path
 import pytest
 
 from unthrottle_lab.kube import BuildError, ensure_built, ensure_node_built
+from unthrottle_lab.kube.cleanup import kube_chains_removal
 from unthrottle_lab.kube.node import BRIDGE, CONTAINERD_STATE
 
 pytestmark = pytest.mark.kernel
+
+
+def _kube_chains() -> list[str]:
+    """The ``KUBE-*`` iptables chains on the host, as ``iptables TABLE/CHAIN``."""
+    found = []
+    for tool in ("iptables", "ip6tables"):
+        if shutil.which(f"{tool}-save"):
+            saved = subprocess.run([f"{tool}-save"], capture_output=True, text=True,
+                                   check=False).stdout  # fmt: skip
+            table = ""
+            for line in saved.splitlines():
+                table = line[1:] if line.startswith("*") else table
+                if line.startswith(":KUBE-"):
+                    found.append(f"{tool} {table}/{line[1:].split()[0]}")
+    return found
 
 
 def _left(info: dict[str, str], node_dir: Path, binaries: Path) -> list[str]:
@@ -40,9 +58,9 @@ def _left(info: dict[str, str], node_dir: Path, binaries: Path) -> list[str]:
                 exe = os.readlink(entry / "exe")
             except OSError:
                 continue
-            if exe.startswith(str(binaries)) or "kubelet" in Path(exe).name:
+            if exe.startswith(str(binaries)) or Path(exe).name in {"kubelet", "kube-proxy"}:
                 left.append(f"process {entry.name} ({exe})")
-    return left
+    return left + _kube_chains()
 
 
 def test_up_starts_a_real_node_and_a_sigkill_of_it_leaves_nothing(tmp_path: Path) -> None:
@@ -73,6 +91,7 @@ def test_up_starts_a_real_node_and_a_sigkill_of_it_leaves_nothing(tmp_path: Path
                                     timeout=10) as reply:  # fmt: skip
             assert b"container_cpu_usage_seconds_total" in reply.read()
         assert len(_left(info, tmp_path / "k" / "node", binaries)) >= 4  # it is all there
+        assert "iptables nat/KUBE-SERVICES" in _kube_chains()  # kube-proxy's
     finally:
         up.send_signal(signal.SIGKILL)
         up.wait(timeout=30)
@@ -82,3 +101,27 @@ def test_up_starts_a_real_node_and_a_sigkill_of_it_leaves_nothing(tmp_path: Path
     while (left := _left(info, tmp_path / "k" / "node", binaries)) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not left, left
+
+
+def test_the_sweep_removes_kube_chains_and_the_jumps_to_them_and_nothing_else() -> None:
+    saved = """*nat
+:PREROUTING ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:KUBE-SERVICES - [0:0]
+:OTHER - [0:0]
+-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A PREROUTING -j OTHER
+-A KUBE-SERVICES -d 10.96.0.1/32 -j KUBE-SVC-NPX46M4PTMTKRN6Y
+COMMIT
+*mangle
+:PREROUTING ACCEPT [0:0]
+COMMIT
+"""
+    assert kube_chains_removal(saved).splitlines() == [
+        "*nat",
+        '-D PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES',
+        "-F KUBE-SERVICES",
+        "-X KUBE-SERVICES",
+        "COMMIT",
+    ]
+    assert kube_chains_removal(saved.replace("KUBE-", "MINE-")) == ""

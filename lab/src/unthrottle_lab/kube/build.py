@@ -1,8 +1,8 @@
 """Building the control plane's and the node's binaries from the Go modules in
 ``controlplane/``.
 
-kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and the kubelet come from
-``k8s.io/kubernetes``, etcd from ``go.etcd.io/etcd/server/v3`` and kwok from
+kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, the kubelet and kube-proxy
+come from ``k8s.io/kubernetes``, etcd from ``go.etcd.io/etcd/server/v3`` and kwok from
 ``sigs.k8s.io/kwok``, at the versions ``controlplane/go.mod`` pins. The rest of a real
 node — containerd with its runc shim and ``ctr``, runc, the CNI plugins (bridge,
 host-local, loopback) and our pause program — come from a module of their own,
@@ -52,6 +52,7 @@ BINARIES: dict[str, str] = {
     "etcd": "./cmd/etcd",
     "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
     "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
+    "kube-proxy": "k8s.io/kubernetes/cmd/kube-proxy",
     "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
     "kubectl": "k8s.io/kubernetes/cmd/kubectl",
     "kubelet": "k8s.io/kubernetes/cmd/kubelet",

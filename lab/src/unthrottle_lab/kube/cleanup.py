@@ -4,8 +4,17 @@
 :class:`~unthrottle_lab.kube.node.RealNode` writes it): the processes of its pods
 and containerd's shims (by PID, found by their cgroups and their executable), the mounts
 below its folder and containerd's state, the pods' network namespaces, its cgroups in
-every hierarchy, its bridge, and the kernel settings the kubelet changed, put back.
-Every step tolerates what is already gone, so it can run twice.
+every hierarchy, its bridge, the iptables chains kube-proxy and the kubelet made, and the
+kernel settings they changed, put back. Every step tolerates what is already gone, so it
+can run twice.
+
+The iptables chains: every chain named ``KUBE-*`` in every table, for IPv4 and IPv6, and
+the rules of other chains that jump to one (kube-proxy's ``KUBE-SERVICES``,
+``KUBE-POSTROUTING``…, the kubelet's ``KUBE-KUBELET-CANARY`` and ``KUBE-IPTABLES-HINT``,
+which ``kube-proxy --cleanup`` leaves). They are removed by one ``iptables-restore
+--noflush`` per table, from what ``iptables-save`` shows, so another program's rules stay
+and a run killed mid-way leaves none of ours for the next node's sweep. One real node
+runs per machine at a time, so the ``KUBE-`` chains on it are its own.
 
 ``python -m unthrottle_lab.kube.cleanup RECORD`` is the node's guard: it reads the
 record, waits until its standard input closes (the node's owner stopped it, or died,
@@ -18,6 +27,8 @@ import contextlib
 import ctypes
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,12 +36,30 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["cpu_mount", "kill_in_cgroups", "make_cgroup_root", "read_sysctls", "sweep"]
+__all__ = [
+    "cpu_mount",
+    "kill_in_cgroups",
+    "kube_chains_removal",
+    "make_cgroup_root",
+    "read_sysctls",
+    "sweep",
+    "sweep_iptables",
+]
 
 KUBELET_SYSCTLS = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic",
                    "kernel/panic_on_oops", "kernel/keys/root_maxkeys",
                    "kernel/keys/root_maxbytes")  # fmt: skip
 """What a kubelet sets on start (``setupKernelTunables``, protectKernelDefaults off)."""
+NETWORK_SYSCTLS = ("net/ipv4/ip_forward", "net/bridge/bridge-nf-call-iptables",
+                   "net/ipv4/conf/all/route_localnet", "net/netfilter/nf_conntrack_max",
+                   "net/netfilter/nf_conntrack_tcp_timeout_established",
+                   "net/netfilter/nf_conntrack_tcp_timeout_close_wait",
+                   "net/netfilter/nf_conntrack_tcp_be_liberal")  # fmt: skip
+"""What the node sets for Service traffic (forwarding, bridged packets through iptables)
+and what kube-proxy may set (``route_localnet`` for localhost NodePorts, conntrack's
+table size and timeouts; the node asks it to leave each alone), put back after."""
+KUBE_CHAIN = "KUBE-"
+IPTABLES = ("iptables", "ip6tables")
 NETNS = Path("/run/netns")
 _MNT_DETACH = 2
 _LIBC = ctypes.CDLL(None, use_errno=True)
@@ -130,9 +159,53 @@ def _unmount(points: list[str]) -> None:
 
 
 def read_sysctls() -> dict[str, str]:
-    """The kernel settings the kubelet changes, as they are now."""
-    return {name: _read(Path("/proc/sys") / name).strip() for name in KUBELET_SYSCTLS
+    """The kernel settings the kubelet, kube-proxy and the node change, as they are now."""
+    return {name: _read(Path("/proc/sys") / name).strip()
+            for name in (*KUBELET_SYSCTLS, *NETWORK_SYSCTLS)
             if (Path("/proc/sys") / name).exists()}  # fmt: skip
+
+
+_JUMP = re.compile(rf"\s(?:-j|-g|--jump|--goto) {KUBE_CHAIN}")
+
+
+def kube_chains_removal(saved: str) -> str:
+    """An ``iptables-restore --noflush`` script that removes every ``KUBE-*`` chain that
+    ``saved`` (``iptables-save``'s output) shows, and the rules of other chains that jump to
+    one; empty when there is none. Per table: delete the jumps, flush the chains, then
+    delete them (a chain cannot go while a rule refers to it)."""
+    script: list[str] = []
+    table, jumps, chains = "", list[str](), list[str]()
+    for line in saved.splitlines():
+        if line.startswith("*"):
+            table, jumps, chains = line[1:], [], []
+        elif line.startswith(f":{KUBE_CHAIN}"):
+            chains.append(line[1:].split()[0])
+        elif line.startswith("-A ") and not line.split()[1].startswith(KUBE_CHAIN):
+            if _JUMP.search(line):
+                jumps.append(f"-D {line[3:]}")
+        elif line == "COMMIT" and (jumps or chains):
+            script += [f"*{table}", *jumps, *(f"-F {c}" for c in chains),
+                       *(f"-X {c}" for c in chains), "COMMIT"]  # fmt: skip
+    return "\n".join(script) + "\n" if script else ""
+
+
+def sweep_iptables() -> list[str]:
+    """Remove the ``KUBE-*`` chains (see the module docstring) for IPv4 and IPv6; the
+    tables of each family that still hold one after (none when all went well)."""
+    left = []
+    for tool in IPTABLES:
+        save, restore = shutil.which(f"{tool}-save"), shutil.which(f"{tool}-restore")
+        if save is None or restore is None:
+            continue  # no iptables, no rules of ours
+        saved = subprocess.run([save], capture_output=True, text=True, check=False).stdout
+        script = kube_chains_removal(saved)
+        if script:
+            subprocess.run([restore, "-w", "--noflush"], input=script, capture_output=True,
+                           text=True, check=False)  # fmt: skip
+            again = subprocess.run([save], capture_output=True, text=True, check=False).stdout
+            left += [f"{tool} {line[1:]}" for line in kube_chains_removal(again).splitlines()
+                     if line.startswith("*")]  # fmt: skip
+    return left
 
 
 def sweep(record: dict[str, Any]) -> None:
@@ -140,7 +213,9 @@ def sweep(record: dict[str, Any]) -> None:
     parent, shim = record["cgroup_parent"], record["shim"]
     folder = Path(record["folder"]) if record.get("folder") else None
     state = Path(record["containerd_state"])
-    for pid in _pids_of(shim):  # a shim outlives containerd by design
+    proxy = [record["kube_proxy"]] if record.get("kube_proxy") else []
+    for pid in [p for exe in (shim, *proxy) for p in _pids_of(exe)]:
+        # A shim outlives containerd by design; kube-proxy would write its rules again.
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     kill_in_cgroups(parent)
@@ -161,6 +236,7 @@ def sweep(record: dict[str, Any]) -> None:
             break
         time.sleep(0.1)
     subprocess.run(["ip", "link", "del", record["bridge"]], capture_output=True, check=False)
+    sweep_iptables()
     for root in roots:
         _unmount(_mounts_below(root))
         subprocess.run(["rm", "-rf", "--one-file-system", str(root)], capture_output=True,

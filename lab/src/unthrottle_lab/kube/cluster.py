@@ -2,6 +2,15 @@
 signing, the default admission plugins), kube-controller-manager, kube-scheduler, and kwok
 with fake nodes whose pods the real controllers create and the real scheduler places.
 
+The API server also serves where a real node's pods reach it, as on a cluster: it listens
+on every address (``0.0.0.0``: the node's bridge, and with it its address, is made after
+the server starts, and a server bound to one address cannot gain another) and advertises
+:data:`ADVERTISE_ADDRESS`, the real node's address, so the ``kubernetes`` Service's
+Endpoints and EndpointSlice name ``ADVERTISE_ADDRESS:<port>`` and the node's kube-proxy
+maps ``10.96.0.1:443`` there. kube-apiserver does not insist that the address it
+advertises exists when it starts; until a real node runs, the endpoint leads nowhere (no
+pod of a fake node sends traffic). Its certificate names that address too.
+
 Everything lives in one folder: keys and certificates, etcd's data, each component's log,
 the admin kubeconfig. :meth:`ControlPlane.stop` ends every process it started, by PID, and
 removes what it wrote.
@@ -36,6 +45,9 @@ __all__ = ["ControlPlane", "KubectlError", "StartError"]
 
 SERVICE_RANGE = "10.96.0.0/16"
 SERVICE_IP = "10.96.0.1"  # the range's first address: the `kubernetes` Service
+ADVERTISE_ADDRESS = "10.88.0.1"
+"""Where a real node's pods reach the API server: the node's address, its bridge's own
+(:data:`unthrottle_lab.kube.node.NODE_ADDRESS`); the ``kubernetes`` Service's endpoint."""
 FAKE_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 
 
@@ -128,7 +140,7 @@ class ControlPlane:
             for sub in ("pki", "logs", "etcd"):
                 self._made.append(self.folder / sub)
             (self.folder / "logs").mkdir(exist_ok=True)
-            make_pki(self.pki.folder, service_ip=SERVICE_IP)
+            make_pki(self.pki.folder, service_ip=SERVICE_IP, addresses=(ADVERTISE_ADDRESS,))
             self._start_etcd()
             self._start_apiserver()
             self._write_kubeconfig()
@@ -282,7 +294,8 @@ class ControlPlane:
         public, private = self.pki.service_accounts
         self._spawn("kube-apiserver", [
             f"--etcd-servers={self.etcd_url}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+            # Every address: 127.0.0.1 for us, the node's bridge for its pods (module doc).
+            "--bind-address=0.0.0.0", f"--advertise-address={ADVERTISE_ADDRESS}",
             f"--secure-port={self.api_port}",
             f"--tls-cert-file={cert}", f"--tls-private-key-file={key}",
             f"--client-ca-file={self.pki.ca}",

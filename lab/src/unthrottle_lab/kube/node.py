@@ -14,6 +14,31 @@ What it takes on these machines (docs/operator.md "The real node", ../shared TES
   ours (``unthrottle0``, 10.88.0.0/16); the node's address is the bridge's own (a kubelet
   refuses a loopback address), so nothing leaves the machine. The kubelet serves on
   127.0.0.1 and that address; Prometheus scrapes ``/metrics/cadvisor`` on 127.0.0.1.
+- **Services**: kube-proxy (iptables mode, as ``system:kube-proxy``) maps each Service's
+  ClusterIP to its endpoints, so a pod's in-cluster config (``10.96.0.1:443``, the
+  ``kubernetes`` Service) reaches the API server at the node's address, which it
+  advertises, and the API server reaches a webhook's Service from the host (kube-proxy's
+  ``OUTPUT`` rules). What it took on this kernel (6.18, Debian's iptables 1.8.9, nf_tables
+  backend):
+
+  - ``net.ipv4.ip_forward`` and ``net.bridge.bridge-nf-call-iptables`` (br_netfilter is
+    built in here) are set to 1, as kube-proxy wants for pod-to-Service-to-pod traffic on
+    one bridge; both were 1 already. Each is put back after, as read before.
+  - kube-proxy by default raises conntrack's table size and sets its TCP timeouts (24 h
+    established, 1 h close-wait: machine-wide settings), sets ``route_localnet`` for
+    NodePorts on 127.0.0.1, and asks for ``oom_score_adj`` -999, which this machine
+    refuses even to root. It is told to leave each alone (``--conntrack-*=0``,
+    ``--iptables-localhost-nodeports=false``, ``--oom-score-adj=0``), and serves NodePorts
+    on the node's address only (``--nodeport-addresses=primary``).
+  - the pods reach ``10.96.0.1`` through ``PREROUTING`` and the host reaches a ClusterIP
+    through ``OUTPUT``; traffic from outside ``10.88.0.0/16`` (the host's) is masqueraded,
+    so a pod answers the bridge's address.
+  - the kubelet makes ``KUBE-*`` chains of its own wherever ``iptables`` is installed
+    (``KUBE-KUBELET-CANARY``, ``KUBE-IPTABLES-HINT``, and ``KUBE-FIREWALL`` on ``INPUT``
+    and ``OUTPUT``, which drops packets from outside 127.0.0.0/8 to it) and never removes
+    them, nor does ``kube-proxy --cleanup``; nodes before kube-proxy came left them on the
+    host. The sweep removes every ``KUBE-*`` chain, for IPv4 and IPv6
+    (:func:`~unthrottle_lab.kube.cleanup.sweep_iptables`).
 - **containerd** keeps its state at ``/run/containerd`` (its shims' sockets and
   cAdvisor's containerd client look there), its images and snapshots in the node's
   folder; ``restrict_oom_score_adj``, since this machine refuses a negative
@@ -25,9 +50,10 @@ What it takes on these machines (docs/operator.md "The real node", ../shared TES
 - **images**: the pause and workload images built here (:mod:`.images`) and imported; the
   node pulls nothing.
 
-:meth:`RealNode.stop` ends the kubelet, every pod's processes, containerd's shims and
-containerd, by PID; unmounts what they mounted; removes the cgroups, the bridge, the
-network namespaces and the folder; and puts back the kernel settings the kubelet changes.
+:meth:`RealNode.stop` ends kube-proxy, the kubelet, every pod's processes, containerd's
+shims and containerd, by PID; unmounts what they mounted; removes the cgroups, the bridge,
+the network namespaces, the iptables chains and the folder; and puts back the kernel
+settings the kubelet and the node change.
 A guard process does the same if the process that started the node dies without stopping
 it (SIGKILL): nothing is left either way.
 """
@@ -52,9 +78,15 @@ import yaml
 from unthrottle_lab.children import stop
 from unthrottle_lab.kube import cleanup
 from unthrottle_lab.kube.build import NodeBinaries, cache_root, ensure_node_built
-from unthrottle_lab.kube.cluster import ControlPlane, StartError, _die_with_parent, _tail
+from unthrottle_lab.kube.cluster import (
+    ADVERTISE_ADDRESS,
+    ControlPlane,
+    StartError,
+    _die_with_parent,
+    _tail,
+)
 from unthrottle_lab.kube.images import Image, build_pause, build_workload
-from unthrottle_lab.kube.pki import make_node_pki
+from unthrottle_lab.kube.pki import NodePki, make_node_pki
 from unthrottle_lab.kube.workloads import REAL_NODE_TAINT
 from unthrottle_lab.prometheus import free_port
 
@@ -64,8 +96,9 @@ NODE_LOCK = Path("/run/unthrottle-node.lock")
 CONTAINERD_STATE = Path("/run/containerd")
 BRIDGE = "unthrottle0"
 POD_SUBNET = "10.88.0.0/16"
-NODE_ADDRESS = "10.88.0.1"
-"""The bridge's own address: the node's InternalIP (a kubelet refuses a loopback one)."""
+NODE_ADDRESS = ADVERTISE_ADDRESS
+"""The bridge's own address: the node's InternalIP (a kubelet refuses a loopback one), and
+where its pods reach the API server (it advertises this address)."""
 
 
 class RealNode:
@@ -125,6 +158,9 @@ class RealNode:
             self._import_images()
             self._start_kubelet()
             self._wait("the node Ready", self._ready, log="kubelet")
+            self._start_proxy()
+            self._wait("kube-proxy's rules for the kubernetes Service", self._proxied,
+                       log="kube-proxy")  # fmt: skip
         except BaseException:
             self.stop()
             raise
@@ -215,6 +251,7 @@ class RealNode:
         return {"folder": str(self.folder), "cgroup_parent": self.cgroup_parent,
                 "bridge": BRIDGE, "containerd_state": str(CONTAINERD_STATE),
                 "shim": str(self.binaries.path("containerd-shim-runc-v2")),
+                "kube_proxy": str(self.plane.bin("kube-proxy")),
                 "sysctls": getattr(self, "_sysctls", {})}  # fmt: skip
 
     def _take_lock(self) -> None:
@@ -247,6 +284,9 @@ class RealNode:
         subprocess.run(["ip", "link", "add", BRIDGE, "type", "bridge"], check=True)
         subprocess.run(["ip", "addr", "add", f"{NODE_ADDRESS}/16", "dev", BRIDGE], check=True)
         subprocess.run(["ip", "link", "set", BRIDGE, "up"], check=True)
+        for name in ("net/ipv4/ip_forward", "net/bridge/bridge-nf-call-iptables"):
+            if (Path("/proc/sys") / name).exists():  # as read before, in the guard's record
+                (Path("/proc/sys") / name).write_text("1\n")
         cni = self.folder / "cni"
         cni.mkdir(exist_ok=True)
         (cni / "10-unthrottle.conflist").write_text(json.dumps({
@@ -356,6 +396,38 @@ state = "{CONTAINERD_STATE}"
             f"--root-dir={self.folder / 'kubelet'}", f"--hostname-override={self.name}",
             f"--node-ip={NODE_ADDRESS}", "--oom-score-adj=0", "--v=2",
         ])  # fmt: skip
+
+    def _start_proxy(self) -> None:
+        """kube-proxy in iptables mode, as ``system:kube-proxy``, on the API server's
+        127.0.0.1; its health and metrics on free ports of 127.0.0.1."""
+        cert, key = NodePki(self.folder / "pki").proxy  # made with the kubelet's
+        kubeconfig = self.folder / "kube-proxy.kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "proxy",
+            "clusters": [{"name": "local", "cluster": {
+                "server": self.plane.server, "certificate-authority": str(self.plane.pki.ca)}}],
+            "users": [{"name": "proxy", "user": {"client-certificate": str(cert),
+                                                 "client-key": str(key)}}],
+            "contexts": [{"name": "proxy", "context": {"cluster": "local", "user": "proxy"}}],
+        }))  # fmt: skip
+        self._spawn("kube-proxy", [
+            str(self.plane.bin("kube-proxy")), f"--kubeconfig={kubeconfig}",
+            "--proxy-mode=iptables", f"--hostname-override={self.name}",
+            f"--cluster-cidr={POD_SUBNET}", "--nodeport-addresses=primary",
+            f"--healthz-bind-address=127.0.0.1:{free_port()}",
+            f"--metrics-bind-address=127.0.0.1:{free_port()}",
+            # Leave the machine's settings alone (the module's docstring).
+            "--conntrack-max-per-core=0", "--conntrack-tcp-timeout-established=0s",
+            "--conntrack-tcp-timeout-close-wait=0s", "--iptables-localhost-nodeports=false",
+            "--oom-score-adj=0", "--v=2",
+        ])  # fmt: skip
+
+    def _proxied(self) -> bool:
+        """kube-proxy has written the ``kubernetes`` Service's way to the API server."""
+        saved = subprocess.run(["iptables-save", "-t", "nat"], capture_output=True, text=True,
+                               check=False).stdout  # fmt: skip
+        port = self.plane.server.rsplit(":", 1)[1]
+        return f"--to-destination {NODE_ADDRESS}:{port}" in saved
 
     def _ready(self) -> bool:
         status, body = self.plane.request("GET", f"/api/v1/nodes/{self.name}")

@@ -1,11 +1,13 @@
 """The control plane's keys and certificates, made fresh for each start (``cryptography``).
 
-One CA signs the API server's serving certificate (for 127.0.0.1, localhost and the
-in-cluster names), the admin's client certificate (group ``system:masters``), the API
+One CA signs the API server's serving certificate (for 127.0.0.1, localhost, the
+in-cluster names and the address it advertises, where a real node's pods reach it), the
+admin's client certificate (group ``system:masters``), the API
 server's client certificate for kubelets (logs, exec, port-forward) and, for a real node,
 the kubelet's client certificate (``system:node:NAME`` in ``system:nodes``, as a kubelet
-has after its TLS bootstrap) and its serving certificate; an RSA key pair signs and
-checks service-account tokens. Nothing is reused between starts.
+has after its TLS bootstrap), its serving certificate and kube-proxy's client certificate
+(``system:kube-proxy``, the user the default ``system:node-proxier`` binding names); an
+RSA key pair signs and checks service-account tokens. Nothing is reused between starts.
 """
 
 from __future__ import annotations
@@ -103,8 +105,9 @@ def _write(path: Path, data: bytes) -> None:
     path.chmod(0o600)
 
 
-def make_pki(folder: Path, *, service_ip: str) -> Pki:
-    """A CA, the API server's and the admin's certificates, and the service-account keys."""
+def make_pki(folder: Path, *, service_ip: str, addresses: tuple[str, ...] = ()) -> Pki:
+    """A CA, the API server's and the admin's certificates, and the service-account keys.
+    The server's certificate names 127.0.0.1, ``service_ip`` and each of ``addresses``."""
     folder.mkdir(parents=True, exist_ok=True)
     pki = Pki(folder)
     ca_key = ec.generate_private_key(ec.SECP256R1())
@@ -115,6 +118,7 @@ def make_pki(folder: Path, *, service_ip: str) -> Pki:
     sans: list[x509.GeneralName] = [
         x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
         x509.IPAddress(ipaddress.ip_address(service_ip)),
+        *(x509.IPAddress(ipaddress.ip_address(a)) for a in addresses),
         *(x509.DNSName(n) for n in ("localhost", "kubernetes", "kubernetes.default",
                                     "kubernetes.default.svc",
                                     "kubernetes.default.svc.cluster.local")),
@@ -157,6 +161,12 @@ class NodePki:
         """The kubelet's serving certificate, for 127.0.0.1 and the node's address."""
         return self.folder / "kubelet.crt", self.folder / "kubelet.key"
 
+    @property
+    def proxy(self) -> tuple[Path, Path]:
+        """kube-proxy's client certificate: user ``system:kube-proxy``, whom the default
+        ClusterRoleBinding ``system:node-proxier`` lets watch Services and EndpointSlices."""
+        return self.folder / "kube-proxy.crt", self.folder / "kube-proxy.key"
+
 
 def _load_ca(pki: Pki) -> tuple[x509.Name, ec.EllipticCurvePrivateKey]:
     ca = x509.load_pem_x509_certificate(pki.ca.read_bytes())
@@ -166,7 +176,8 @@ def _load_ca(pki: Pki) -> tuple[x509.Name, ec.EllipticCurvePrivateKey]:
 
 
 def make_node_pki(pki: Pki, folder: Path, *, node: str, address: str) -> NodePki:
-    """A kubelet's client and serving certificates, signed by the control plane's CA."""
+    """A kubelet's client and serving certificates and kube-proxy's client certificate,
+    signed by the control plane's CA."""
     folder.mkdir(parents=True, exist_ok=True)
     out = NodePki(folder)
     ca_name, ca_key = _load_ca(pki)
@@ -179,6 +190,7 @@ def make_node_pki(pki: Pki, folder: Path, *, node: str, address: str) -> NodePki
         (out.client, _name(f"system:node:{node}", "system:nodes"),
          ExtendedKeyUsageOID.CLIENT_AUTH, None),
         (out.serving, _name(node), ExtendedKeyUsageOID.SERVER_AUTH, sans),
+        (out.proxy, _name("system:kube-proxy"), ExtendedKeyUsageOID.CLIENT_AUTH, None),
     ):  # fmt: skip
         key = ec.generate_private_key(ec.SECP256R1())
         cert = _signed(subject, key, ca_name, ca_key, usage=[usage], sans=names)
