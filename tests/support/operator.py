@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -183,6 +184,27 @@ def test_the_operator_serves_its_metrics_and_liveness(running: Running) -> None:
     assert "unthrottle_operator_prometheus_queries_total" in text
     with urllib.request.urlopen(f"http://{running.liveness}/healthz", timeout=10) as reply:
         assert reply.status == 200
+        assert "api" in json.loads(reply.read())  # the API server's version, as it answered
+    # The API server stops answering (its connections lost): the probe fails, so the pod is
+    # not Ready (the webhook's Service skips it) and then restarted; it passes once back.
+    lost = running.proxy.fail_next("GET", "^/version", status=None, count=10**6, disconnect=True)
+    deadline = time.monotonic() + 40  # Kopf keeps a probe's answer 10 s
+    while _healthz(running.liveness) == 200:
+        assert time.monotonic() < deadline, "/healthz stayed 200 without the API server"
+        time.sleep(1)
+    lost.count = lost.hits  # back
+    deadline = time.monotonic() + 40
+    while _healthz(running.liveness) != 200:
+        assert time.monotonic() < deadline, "/healthz stayed failing with the API server back"
+        time.sleep(1)
+
+
+def _healthz(liveness: str) -> int:
+    try:
+        with urllib.request.urlopen(f"http://{liveness}/healthz", timeout=10) as reply:
+            return int(reply.status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
 
 
 def test_prometheus_stopped_gives_degraded_and_keeps_the_last_good_status(

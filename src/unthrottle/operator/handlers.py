@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import kopf
@@ -28,8 +29,10 @@ _log = logging.getLogger("unthrottle.operator")
 
 
 def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: OperatorSettings,
-             *, admission: PodAdmission | None = None) -> None:  # fmt: skip
-    """Declare the handlers on ``registry`` (``admission``: the pods' mutating webhook too)."""
+             *, admission: PodAdmission | None = None,
+             api_version: Callable[[], str] | None = None) -> None:  # fmt: skip
+    """Declare the handlers on ``registry`` (``admission``: the pods' mutating webhook too;
+    ``api_version``: asks the API server its version, raising when it does not answer)."""
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -69,6 +72,17 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
     @kopf.on.probe(registry=registry, id="policies")
     def policies(**_: Any) -> int:
         return len(reconciler.memory)
+
+    if api_version is not None:
+        # /healthz fails (500) while the API server does not answer: an operator that cannot
+        # reach it does nothing, and its pod should say so (not Ready, then restarted by the
+        # liveness probe) instead of looking healthy while Kopf retries in its log.
+        @kopf.on.probe(registry=registry, id="api", errors=kopf.ErrorsMode.PERMANENT)
+        def api(**_: Any) -> str:
+            try:
+                return api_version()
+            except Exception as error:
+                raise kopf.PermanentError(f"the API server did not answer: {error}") from None
 
     if admission is not None:
         _register_admission(registry, admission)

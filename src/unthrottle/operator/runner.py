@@ -24,6 +24,9 @@ from unthrottle.scan.readers import IncrementalReader
 
 _log = logging.getLogger("unthrottle.operator")
 
+PROBE_TIMEOUT_S = 5.0
+"""How long the probe waits for the API server's answer (the chart's probes wait 10 s)."""
+
 
 @dataclass(frozen=True, slots=True)
 class WebhookOptions:
@@ -109,8 +112,13 @@ def run(settings: OperatorSettings, options: RunOptions) -> None:
     if options.webhook is not None:
         # a client of its own: the lookups never wait for the reconciler's connections
         admission = PodAdmission(KubeOwners(), namespaces=settings.namespaces)
+    version = client.VersionApi(api)
+
+    def api_version() -> str:
+        return str(version.get_code(_request_timeout=PROBE_TIMEOUT_S).git_version)
+
     registry = kopf.OperatorRegistry()
-    register(registry, reconciler, settings, admission=admission)
+    register(registry, reconciler, settings, admission=admission, api_version=api_version)
     kopf.configure(log_format=kopf.LogFormat.JSON if options.log_json else kopf.LogFormat.PLAIN,
                    verbose=options.debug, debug=options.debug)  # fmt: skip
     logging.getLogger("unthrottle").setLevel(logging.INFO)
