@@ -335,7 +335,10 @@ def test_the_agent_is_root_without_privilege_and_without_any_capability() -> Non
     pod = only(render(), "DaemonSet")["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsUser"] == 0
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-    for host in ("hostPID", "hostNetwork", "hostIPC"):
+    # the node's PID namespace, for the wait counter (a cgroup's tasks list only the threads
+    # the reader's namespace sees); never its network or IPC
+    assert pod["hostPID"] is True
+    for host in ("hostNetwork", "hostIPC"):
         assert not pod.get(host)
     c = pod["containers"][0]
     assert c["securityContext"]["privileged"] is False
