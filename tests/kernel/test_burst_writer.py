@@ -97,6 +97,19 @@ def test_removing_the_annotation_takes_the_burst_back(node: Node) -> None:
     assert writer.granted == {}
 
 
+def test_a_stopping_agent_sets_every_burst_it_wrote_back_and_writes_no_more(node: Node) -> None:
+    api, envoy = node.container(API, 30_000), node.container(ENVOY, 20_000)
+    writer = BurstWriter(node.layout, NodeCpu())
+    asked = pods({"unthrottle.io/cpu-burst": "api=10ms"}, {API: "api", ENVOY: "envoy"})
+    envoy.write_burst(7_000)  # somebody else's burst: not ours to undo
+    writer.apply(node.found(asked), asked)
+    assert (node.burst(api.path), node.burst(node.pod)) == (10_000, 10_000)
+    assert writer.release() == 2  # the container's and the pod's
+    assert (node.burst(api.path), node.burst(node.pod), node.burst(envoy.path)) == (0, 0, 7_000)
+    writer.apply(node.found(asked), asked)  # a discovery still running at exit
+    assert node.burst(api.path) == 0
+
+
 def test_a_restarted_container_gets_its_burst_again(node: Node) -> None:
     first = node.container(API, 30_000)
     writer = BurstWriter(node.layout, NodeCpu())

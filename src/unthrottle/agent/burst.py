@@ -19,7 +19,12 @@ Kubernetes has no field for burst; the agent sets ``cpu.cfs_burst_us`` /
   annotation is left to Koordinator's koordlet (which writes the same files)
   unless the agent is told that no koordlet runs;
 - a kernel without burst support: reads still work, writes are skipped with a
-  reason logged once.
+  reason logged once;
+- **on exit** (SIGTERM: ``helm uninstall``, a rollout of the DaemonSet) every burst this
+  agent wrote goes back to 0, so the cgroups are as the kubelet made them: a burst left
+  behind with no agent to lower it would make the kubelet's next resize to a quota under
+  it fail (EINVAL) for ever. A rollout leaves the pods without burst for the seconds
+  until the new agent's first discovery writes it again.
 
 The agent writes nothing unless started with ``--burst`` (the chart's
 ``agent.burst.enabled``); then only these burst files, of these pods.
@@ -28,6 +33,7 @@ The agent writes nothing unless started with ``--burst`` (the chart's
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,6 +127,9 @@ class BurstWriter:
     clamped_total: int = 0
     """Distinct clamps: a cgroup whose burst had to be cut to its quota (once per value)."""
     suspended: bool = False
+    released: bool = False
+    """Set by :meth:`release`: nothing is written after it."""
+    _lock: threading.Lock = field(default_factory=threading.Lock)
     _said: set[tuple[str, str, str]] = field(default_factory=set)
     """(what, about, detail) of every warning given once; ``about`` is a pod UID, a cgroup
     path, or "" for the node. Facts about pods and cgroups that are gone are forgotten."""
@@ -208,8 +217,32 @@ class BurstWriter:
             f"unthrottle_agent_burst_clamped_total {self.clamped_total}\n"
         )
 
+    def release(self) -> int:
+        """Set every burst this agent wrote back to 0 (the agent is stopping) and write
+        nothing after; returns how many cgroups were set back."""
+        with self._lock:
+            self.released = True
+            undone = 0
+            for path in sorted(self.granted):
+                cgroup = Cgroup(self.layout, path)
+                try:
+                    if cgroup.exists() and cgroup.read_bandwidth().burst_us:
+                        cgroup.write_burst(0)
+                        undone += 1
+                except CgroupError as err:
+                    log.warning("cannot set burst back to 0: %s", err)
+            self.granted.clear()
+        if undone:
+            log.info("stopping: the burst of %d cgroups set back to 0", undone)
+        return undone
+
     def apply(self, found: list[Found], pods: list[PodInfo]) -> None:
         """Bring every cgroup's burst to what is wanted now (or to 0 while the node is busy)."""
+        with self._lock:
+            if not self.released:
+                self._apply(found, pods)
+
+    def _apply(self, found: list[Found], pods: list[PodInfo]) -> None:
         self._forget_gone(found, pods)
         wanted = self.wanted(found, pods)
         busy = self.node.usage() > self.threshold

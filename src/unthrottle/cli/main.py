@@ -198,6 +198,8 @@ def agent(
         layout.version, where, period, host.strip("[]"), server.server_address[1],
     )  # fmt: skip
     serve(sampler, server, stop)
+    if writer is not None:
+        writer.release()  # the cgroups as the kubelet made them (agent/burst.py)
 
 
 def _core_api(kubeconfig: Path | None) -> Any:
