@@ -1,28 +1,40 @@
-"""`make demo`: the whole loop on this machine, on a real control plane and a real node.
+"""`make demo`: the whole loop on this machine, on a real control plane and a real node, with
+unthrottle installed by its Helm chart as a user installs it.
 
     .venv/bin/python demo/loop.py            (run by `make demo`; root: the node makes cgroups)
 
 1. A real Kubernetes control plane starts in the demo's temp folder (kube-apiserver, etcd,
    kube-controller-manager, kube-scheduler), and a real node joins it: a kubelet,
-   containerd and runc, built from their Go modules by `make controlplane`
-   (``unthrottle_lab.kube.RealNode``). The chart's RBAC is applied (rendered by Helm's
-   own SDK): the operator and the agent run on their ServiceAccounts' tokens.
-2. Two Deployments of the workload image (the request pool and the parallel batch from
+   containerd, runc and kube-proxy, built from their Go modules by `make controlplane`
+   (``unthrottle_lab.kube.RealNode``).
+2. The product's image is built from the Dockerfile (cached by what the build reads:
+   ``unthrottle_lab.kube.image``) and imported into the node's containerd, as a registry
+   would serve it. A real Prometheus starts on the host where pods reach it, finding the
+   agent's and the operator's pods and the kubelet's ``/metrics/cadvisor`` through
+   ``kubernetes_sd_configs`` against the API server (HTTPS, a token allowed
+   ``nodes/metrics``). The chart is installed by Helm's own Go SDK (what ``helm install
+   --wait`` runs): the agent's DaemonSet and the operator's Deployment run as pods on the
+   node, on the chart's ServiceAccounts and RBAC, and reach the API server through the
+   ``kubernetes`` Service (kube-proxy). The demo prints the user's equivalent commands and
+   the pods' status.
+3. Two Deployments of the workload image (the request pool and the parallel batch from
    scenarios/, both throttled today) are scheduled onto the node; the kubelet makes their
    cgroups, the pod-level quota included, and each pod runs its scenario over and over
-   (``unthrottle-lab workload``).
-3. The node agent finds the containers' cgroups below the node's cgroup root, names them
-   through the API and writes the burst pod annotations ask for; a real Prometheus scrapes
-   it and the kubelet's ``/metrics/cadvisor`` (HTTPS, a token allowed ``nodes/metrics``).
-4. ``unthrottle operator`` runs as a process, as users run it: a ThrottlePolicy in
-   Recommend mode, then Apply with ``apply.method: InPlace``: each running pod is resized
-   through its ``resize`` subresource and the real kubelet writes the new quota; the
-   operator verifies its canary for ``apply.verifyFor`` and gives its own verdict. A
-   Deployment its Apply run leaves as it is (``UpToDate``: beside a CPU hog the batch waits
-   behind other processes, not on its quota, and the node is oversubscribed) is not waited
-   for: the demo prints the operator's reasons and measures it as it is.
-5. Before and after, from the kernel's counters of the cgroups the kubelet made (the
+   (``unthrottle-lab workload``). The agent pod finds their cgroups and names them through
+   the API.
+4. A ThrottlePolicy in Recommend mode, applied as a user applies it; the operator pod writes
+   its status and report ConfigMap, which ``unthrottle report`` renders from the host.
+5. Apply with ``apply.method: InPlace``: the operator pod resizes each running pod through
+   its ``resize`` subresource and the real kubelet writes the new quota; the agent pod
+   writes the burst the operator's annotation asks for; the operator verifies its canary
+   for ``apply.verifyFor`` and gives its own verdict. A Deployment its Apply run leaves as
+   it is (``UpToDate``: beside a CPU hog the batch waits behind other processes, not on its
+   quota, and the node is oversubscribed) is not waited for: the demo prints the operator's
+   reasons and measures it as it is.
+6. Before and after, from the kernel's counters of the cgroups the kubelet made (the
    container's and the pod's), and the p99 the pods' own logs report; the HTML report.
+7. The policy is deleted and the chart uninstalled (``helm uninstall --wait``); the demo
+   lists what is left of the release: nothing.
 
 Without root there is no node to start (the kubelet, containerd and runc need it): the demo
 says so and exits; `make demo-lab` shows the model and `recommend` without root.
@@ -40,9 +52,8 @@ import sys
 import tempfile
 import time
 import urllib.parse
-import urllib.request
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -62,26 +73,29 @@ from measuring import (
 )
 
 from unthrottle.units import format_cpu
-from unthrottle_lab.children import stop
 from unthrottle_lab.kube import (
     BuildError,
     ControlPlane,
-    KubectlError,
     RealNode,
     StartError,
     ensure_built,
     ensure_node_built,
     scenario_objects,
 )
+from unthrottle_lab.kube import chart as helm_chart
 from unthrottle_lab.kube.admin import Admin, until
-from unthrottle_lab.prometheus import PrometheusServer, free_port, have_prometheus
+from unthrottle_lab.kube.image import build_product_image, import_image
+from unthrottle_lab.kube.images import Image
+from unthrottle_lab.prometheus import PrometheusServer, have_prometheus
 
 ROOT = Path(__file__).resolve().parent.parent
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
 POLICIES = "unthrottle.io/v1alpha1/throttlepolicies"
 DEPLOYMENTS = "apps/v1/deployments"
-RELEASE_NS = "unthrottle"
-"""Where the chart's ServiceAccounts live (its release namespace)."""
+RELEASE_NS = helm_chart.NAMESPACE
+"""The chart's release namespace (``helm install -n unthrottle``)."""
+MONITORING_NS = "monitoring"
+"""Where Prometheus's ServiceAccount lives (a user's Prometheus is not the release's)."""
 VERIFY = "1m"
 """``apply.verifyFor``: the least the policy allows; the demo waits for the verdict."""
 APPS = (("pool", "tune-open-pool.yaml", "600m", "150m"),
@@ -91,19 +105,20 @@ SAVE = os.environ.get("UNTHROTTLE_DEMO_JSON")
 """Where to write the before / after figures as JSON too (the demo's test reads them)."""
 LOGS = os.environ.get("UNTHROTTLE_DEMO_LOGS")
 """A folder to copy the logs into before the demo removes its own (the kubelet's,
-containerd's, the control plane's, the agent's, the operator's) and the policy's last
-status: the demo's test keeps them beside a failure."""
+containerd's, the control plane's, the agent pod's, the operator pod's) and the policy's
+last status: the demo's test keeps them beside a failure."""
 
 
-# -- the cluster: a control plane, a real node, the chart's RBAC ---------------------------
+# -- the cluster: a control plane, a real node ---------------------------------------------
 
 
 @contextmanager
 def cluster(folder: Path) -> Iterator[tuple[Admin, RealNode]]:
-    """The control plane (no fake node) and the real node, the CRD applied with kubectl as
-    the README says, the ``shop`` namespace; stopped by PID at the end, node first."""
-    say("1. a real control plane and a real node (kubelet, containerd, runc), built from "
-        "their Go modules")  # fmt: skip
+    """The control plane (no fake node) and the real node, the ``shop`` namespace (the
+    operator's watched namespace must exist before the install); stopped by PID at the
+    end, node first."""
+    say("1. a real control plane and a real node (kubelet, containerd, runc, kube-proxy), "
+        "built from their Go modules")  # fmt: skip
     plane = ControlPlane(folder / "control-plane", nodes=0, binaries=ensure_built())
     with plane, RealNode(plane, folder / "node") as node:
         print(f"  Kubernetes {plane.version} at {plane.server}: kube-apiserver, etcd, "
@@ -112,13 +127,8 @@ def cluster(folder: Path) -> Iterator[tuple[Admin, RealNode]]:
         print(f"  node {node.name}: kubelet {plane.version}, containerd and runc, cgroupfs "
               f"driver, pods below /{node.cgroup_parent}/kubepods, Ready in "
               f"{node.started_in_s:.0f} s", flush=True)  # fmt: skip
-        try:
-            plane.install_crds(ROOT / "crds" / "throttlepolicy.yaml")
-        except KubectlError as error:
-            raise SystemExit(str(error)) from None
         admin = Admin(plane)
-        for namespace in (NS, RELEASE_NS):
-            admin.create_namespace(namespace)
+        admin.create_namespace(NS)
         try:
             yield admin, node
         finally:
@@ -127,54 +137,28 @@ def cluster(folder: Path) -> Iterator[tuple[Admin, RealNode]]:
 
 
 def keep_logs(admin: Admin, folder: Path, into: Path) -> None:
-    """Copy every log below the demo's folder, and the policy's status, into ``into``."""
+    """Copy every log below the demo's folder (the pods' logs included, saved there before
+    the uninstall), and the policy's status, into ``into``."""
     into.mkdir(parents=True, exist_ok=True)
     for path in folder.rglob("*.log"):
         if path.is_file():
             shutil.copyfile(path, into / "-".join(path.relative_to(folder).parts))
     try:
-        (into / "policy.json").write_text(json.dumps(admin.get(POLICIES, NS, "demo"), indent=1))
+        kept = folder / "policy.json"  # saved before the policy's deletion
+        found = json.loads(kept.read_text()) if kept.exists() else admin.get(POLICIES, NS, "demo")
+        (into / "policy.json").write_text(json.dumps(found, indent=1))
     except Exception as error:  # the logs matter more than the status here
         (into / "policy.json").write_text(json.dumps({"error": str(error)}))
-
-
-def chart_rbac(admin: Admin) -> dict[str, str]:
-    """The chart's ServiceAccounts and RBAC, rendered by Helm's Go SDK (helm-python-sdk, as
-    ``helm template``) with Apply enabled and the operator watching ``shop``, applied with
-    kubectl; component → ServiceAccount name. The admission webhook is off: each Deployment
-    has one pod, and no new pod is made while the demo runs."""
-    import helm_python as helm
-    import yaml
-
-    values = {"operator": {"watchNamespaces": [NS],
-                           "apply": {"enabled": True,
-                                     "inPlace": {"enabled": True, "webhook": False}}},
-              # the chart requires an image; only its RBAC is applied here, on a node
-              # whose processes run on the host
-              "image": {"repository": "unthrottle.invalid/local"}}  # fmt: skip
-    with (
-        helm.Chart.load(ROOT / "charts" / "unthrottle") as chart,
-        helm.Config(kubeconfig_path=admin.plane.kubeconfig, namespace=RELEASE_NS) as config,
-    ):
-        files = config.render(chart, values, name="unthrottle", namespace=RELEASE_NS,
-                              is_install=True)  # fmt: skip
-    kinds = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
-    rbac = [doc for path, text in sorted(files.items()) if path.endswith(".yaml")
-            for doc in yaml.safe_load_all(text) if doc and doc["kind"] in kinds]  # fmt: skip
-    rendered = admin.plane.folder / "chart-rbac.yaml"
-    rendered.write_text(yaml.safe_dump_all(rbac))
-    admin.plane.kubectl("apply", "-f", str(rendered))
-    return {doc["metadata"]["labels"]["app.kubernetes.io/component"]: doc["metadata"]["name"]
-            for doc in rbac if doc["kind"] == "ServiceAccount"}  # fmt: skip
 
 
 def prometheus_token(admin: Admin, folder: Path) -> Path:
     """A ServiceAccount for Prometheus, allowed ``get nodes/metrics`` (what the kubelet's
     webhook authorization asks the API server for ``/metrics/cadvisor``); its token's file."""
     rules = [{"apiGroups": [""], "resources": ["nodes/metrics"], "verbs": ["get"]}]
+    admin.create_namespace(MONITORING_NS)
     admin.create("v1/serviceaccounts", {"apiVersion": "v1", "kind": "ServiceAccount",
                                         "metadata": {"name": "prometheus",
-                                                     "namespace": RELEASE_NS}})  # fmt: skip
+                                                     "namespace": MONITORING_NS}})  # fmt: skip
     admin.create("rbac.authorization.k8s.io/v1/clusterroles", {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
         "metadata": {"name": "prometheus-kubelet"}, "rules": rules})  # fmt: skip
@@ -184,30 +168,228 @@ def prometheus_token(admin: Admin, folder: Path) -> Path:
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                     "name": "prometheus-kubelet"},
         "subjects": [{"kind": "ServiceAccount", "name": "prometheus",
-                      "namespace": RELEASE_NS}]})  # fmt: skip
+                      "namespace": MONITORING_NS}]})  # fmt: skip
     path = folder / "prometheus.token"
-    path.write_text(admin.token(RELEASE_NS, "prometheus"))
+    path.write_text(admin.token(MONITORING_NS, "prometheus"))
     path.chmod(0o600)
     return path
 
 
-def scrape_config(agent_port: int, node: RealNode, token: Path) -> str:
-    """The agent over HTTP; the kubelet's cAdvisor over HTTPS (the cluster's CA), with the
-    token, as a Prometheus in the cluster scrapes it."""
+# -- Prometheus on the host -----------------------------------------------------------------
+
+SCRAPED = ("agent", "operator")
+"""The chart's components Prometheus scrapes (their pods' container port ``metrics``)."""
+
+
+def scrape_config(node: RealNode, token: Path, folder: Path) -> str:
+    """The agent's and the operator's pods from files the demo writes from the API
+    (:func:`discover`), the agent's labels honoured; the kubelet's cAdvisor over HTTPS
+    (the cluster's CA) with the token.
+
+    Not ``kubernetes_sd_configs`` (``unthrottle_lab.kube.chart.scrape_config``): Debian's
+    Prometheus 2.42 is built without Kubernetes discovery ("field kubernetes_sd_configs not
+    found in type config.ScrapeConfig"), so the demo does the discovery's part: it lists
+    the pods by the chart's labels and port name, as that job's relabelling keeps them."""
     kubelet = urllib.parse.urlparse(node.endpoint).netloc
-    return ("scrape_configs:\n"
-            "  - job_name: agent\n"
-            f"    static_configs: [{{targets: ['127.0.0.1:{agent_port}']}}]\n"
-            "  - job_name: kubelet-cadvisor\n"
-            "    scheme: https\n    metrics_path: /metrics/cadvisor\n"
-            f"    authorization: {{credentials_file: '{token}'}}\n"
-            f"    tls_config: {{ca_file: '{node.plane.pki.ca}'}}\n"
-            f"    static_configs: [{{targets: ['{kubelet}']}}]\n")  # fmt: skip
+    jobs = [{"job_name": f"unthrottle-{c}", "honor_labels": c == "agent",
+             "file_sd_configs": [{"files": [str(folder / f"{c}.targets.json")],
+                                  "refresh_interval": "1s"}]} for c in SCRAPED]  # fmt: skip
+    for c in SCRAPED:
+        (folder / f"{c}.targets.json").write_text("[]")
+    jobs.append({"job_name": "kubelet-cadvisor", "scheme": "https",
+                 "metrics_path": "/metrics/cadvisor",
+                 "authorization": {"credentials_file": str(token)},
+                 "tls_config": {"ca_file": str(node.plane.pki.ca)},
+                 "static_configs": [{"targets": [kubelet]}]})  # fmt: skip
+    return "scrape_configs:\n" + "".join(f"  - {json.dumps(job)}\n" for job in jobs)
+
+
+def discover(admin: Admin, folder: Path) -> None:
+    """Each scraped component's pods (the chart's labels, the container port ``metrics``)
+    as Prometheus's file discovery reads them."""
+    for c in SCRAPED:
+        targets = []
+        for pod in admin.list("v1/pods", RELEASE_NS, selector="app.kubernetes.io/name="
+                              f"unthrottle,app.kubernetes.io/component={c}"):  # fmt: skip
+            ports = [p["containerPort"] for ct in pod["spec"]["containers"]
+                     for p in ct.get("ports") or [] if p.get("name") == "metrics"]  # fmt: skip
+            targets += [{"targets": [f"{pod['status']['podIP']}:{port}"],
+                         "labels": {"kubernetes_pod": pod["metadata"]["name"]}}
+                        for port in ports]  # fmt: skip
+        (folder / f"{c}.targets.json").write_text(json.dumps(targets))
+
+
+# -- the chart, installed as a user installs it ----------------------------------------------
+
+
+def product_image() -> Image:
+    """The product's image from the Dockerfile (the cache's, when it has it)."""
+    started = time.monotonic()
+    image = build_product_image()
+    print(f"  image {image.name} from the Dockerfile ({time.monotonic() - started:.0f} s; "
+          "cached by what the build reads)", flush=True)  # fmt: skip
+    return image
+
+
+def demo_values(node: RealNode, image: Image, prometheus_port: int) -> dict[str, Any]:
+    """The chart's values: what the real node needs (``node_values``), the operator watching
+    ``shop`` with Apply and InPlace on (and its webhook, the chart's default), and the
+    agent writing bursts in ``shop``.
+
+    ``agent.burst.nodeThreshold: 1``: its node safety (no burst while the node's CPU is
+    above the threshold, 0.5 by default) never holds a burst back here. On this 2-core
+    machine the burstable workloads are the ones measured, and their own bursts make the
+    machine busy: at 0.5, the agent would take the burst away during the very window that
+    measures it. ``discoverEvery: 1s`` finds the demo's new pods sooner than the default."""
+    base = helm_chart.node_values(node, image, helm_chart.prometheus_url(prometheus_port))
+    return helm_chart.merged(base, {
+        "operator": {"watchNamespaces": [NS], "logFormat": "text",
+                     "apply": {"enabled": True, "inPlace": {"enabled": True}}},
+        "agent": {"discoverEvery": "1s",
+                  "burst": {"enabled": True, "namespaces": [NS], "nodeThreshold": 1}},
+    })  # fmt: skip
+
+
+def set_flags(values: Any, prefix: str = "") -> list[str]:
+    """``--set`` flags that give ``values`` on Helm's command line."""
+    if isinstance(values, dict):
+        return [f for k, v in values.items() for f in set_flags(v, f"{prefix}{k}.")]
+    key = prefix.rstrip(".")
+    if isinstance(values, list) and all(isinstance(v, dict) for v in values):
+        return [f for i, v in enumerate(values) for f in set_flags(v, f"{key}[{i}].")]
+    if isinstance(values, list):
+        return [f"{key}={{{','.join(str(v) for v in values)}}}"]
+    shown = str(values).lower() if isinstance(values, bool) else str(values)
+    return [f"{key}={shown}"]
+
+
+def show_commands(image: Image, values: dict[str, Any]) -> None:
+    """What a user types for the same install (the demo's own steps, in Helm's words)."""
+    flags = " \\\n    ".join(f"--set {f}" for f in set_flags(values))
+    print(f"  a user's equivalent:\n"
+          f"  docker buildx build -t {image.name} --push .   # here: built with buildah, "
+          "imported into the node's containerd\n"
+          f"  helm install unthrottle charts/unthrottle -n {RELEASE_NS} --create-namespace "
+          f"--wait \\\n    {flags}\n"
+          f"  kubectl get pods -n {RELEASE_NS}", flush=True)  # fmt: skip
+
+
+def pods_table(admin: Admin) -> list[dict[str, Any]]:
+    """The release's pods as ``kubectl get pods -n unthrottle`` shows them (from the API)."""
+    rows = []
+    for pod in admin.list("v1/pods", RELEASE_NS, selector="app.kubernetes.io/instance="
+                          + helm_chart.RELEASE):  # fmt: skip
+        statuses = pod["status"].get("containerStatuses") or []
+        rows.append({"name": pod["metadata"]["name"],
+                     "component": pod["metadata"]["labels"].get("app.kubernetes.io/component"),
+                     "ready": f"{sum(bool(s.get('ready')) for s in statuses)}/{len(statuses)}",
+                     "phase": str(pod["status"].get("phase")),
+                     "restarts": sum(int(s.get("restartCount") or 0) for s in statuses),
+                     "node": pod["spec"].get("nodeName")})  # fmt: skip
+    print(f"  $ kubectl get pods -n {RELEASE_NS} -o wide")
+    print(f"  {'NAME':<40} {'READY':<6} {'STATUS':<8} {'RESTARTS':<9} NODE")
+    for r in rows:
+        print(f"  {r['name']:<40} {r['ready']:<6} {r['phase']:<8} {r['restarts']:<9} {r['node']}")
+    return rows
+
+
+@contextmanager
+def release(admin: Admin, node: RealNode, image: Image, prometheus_port: int,
+            folder: Path) -> Iterator[dict[str, Any]]:  # fmt: skip
+    """``helm install --wait`` of the chart for the block; at its end the pods' logs kept
+    (pods/log), the policy deleted while the operator still runs (its Kopf finalizer), the
+    release uninstalled and what is left of it listed. Yields a record the end completes."""
+    say("2. the product's image, imported into the node's containerd; the chart installed "
+        "by Helm's Go SDK (helm install --wait): the agent and the operator as pods")  # fmt: skip
+    started = time.monotonic()
+    import_image(node, image)
+    print(f"  imported into the node's containerd in {time.monotonic() - started:.0f} s")
+    values = demo_values(node, image, prometheus_port)
+    show_commands(image, values)
+    started = time.monotonic()
+    try:
+        done = helm_chart.install(admin.plane, values)
+    except Exception as error:
+        keep_pod_logs(admin, folder)
+        raise SystemExit(f"helm install failed: {error}") from None
+    took = time.monotonic() - started
+    print(f"  helm install --wait: deployed in {took:.0f} s", flush=True)
+    rec: dict[str, Any] = {"install_s": round(took, 1), "values": values,
+                           "pods": pods_table(admin)}  # fmt: skip
+    try:
+        yield rec
+    except BaseException:
+        rec["pod_logs"] = keep_pod_logs(admin, folder)
+        with suppress(Exception):  # the first error matters; the node goes anyway
+            helm_chart.uninstall(admin.plane, done)
+        raise
+    else:
+        rec["pod_logs"] = keep_pod_logs(admin, folder)
+        (folder / "policy.json").write_text(json.dumps(admin.get(POLICIES, NS, "demo")))
+        say("9. the policy deleted, the chart uninstalled (helm uninstall --wait)")
+        delete_policy(admin)
+        started = time.monotonic()
+        helm_chart.uninstall(admin.plane, done)
+        rec["uninstall_s"] = round(time.monotonic() - started, 1)
+        rec["left_at_once"] = left_of(admin, done, folder)
+        with suppress(TimeoutError):  # Helm's --wait: its own objects gone, not their pods
+            admin.until("the release's pods gone", lambda: left_of(admin, done, folder),
+                        lambda left: not left, timeout_s=90, every_s=1)  # fmt: skip
+        rec["gone_s"] = round(time.monotonic() - started, 1)
+        rec["left"] = left_of(admin, done, folder)
+        print(f"  helm uninstall --wait returned in {rec['uninstall_s']:.0f} s, leaving "
+              f"{', '.join(rec['left_at_once']) or 'nothing'} (terminating)")  # fmt: skip
+        print(f"  after {rec['gone_s']:.0f} s, the release's objects left (its manifest's and "
+              f"every object labelled app.kubernetes.io/instance={helm_chart.RELEASE}): "
+              f"{', '.join(rec['left']) or 'none'}; the CRDs stay (Helm leaves crds/)")  # fmt: skip
+
+
+def keep_pod_logs(admin: Admin, folder: Path) -> dict[str, str]:
+    """Each of the release's pods' logs (the API's pods/log) into ``folder/pods``:
+    component → file."""
+    out = {}
+    (folder / "pods").mkdir(exist_ok=True)
+    for pod in admin.list("v1/pods", RELEASE_NS, selector="app.kubernetes.io/instance="
+                          + helm_chart.RELEASE):  # fmt: skip
+        name = pod["metadata"]["name"]
+        status, text = admin.plane.request("GET", f"/api/v1/namespaces/{RELEASE_NS}/pods/"
+                                           f"{name}/log")  # fmt: skip
+        text = text if isinstance(text, str) else json.dumps(text)
+        path = folder / "pods" / f"{name}.log"
+        path.write_text(text if status == 200 else f"HTTP {status}: {text}")
+        out[pod["metadata"]["labels"].get("app.kubernetes.io/component", name)] = path.name
+    return out
+
+
+def delete_policy(admin: Admin) -> None:
+    """Delete the policy and wait until it is gone: the operator pod removes its finalizer."""
+    path = f"/apis/unthrottle.io/v1alpha1/namespaces/{NS}/throttlepolicies/demo"
+    admin.call("DELETE", path, ok=(200, 202, 404))
+    admin.until(
+        "the policy deleted (the operator pod removes its finalizer)",
+        lambda: admin.get(POLICIES, NS, "demo"),
+        lambda p: p is None,
+        timeout_s=60,
+    )
+
+
+def left_of(admin: Admin, done: Any, folder: Path) -> list[str]:
+    """What is left of the release: each object of its manifest, and every object labelled
+    with its instance (pods, ReplicaSets, the webhook's Secret…), as kubectl lists them."""
+    manifest = folder / "release-manifest.yaml"
+    manifest.write_text(done.manifest)
+    named = admin.plane.kubectl("get", "-f", str(manifest), "--ignore-not-found", "-o", "name")
+    kinds = ("all,serviceaccounts,secrets,configmaps,roles,rolebindings,clusterroles,"
+             "clusterrolebindings,priorityclasses,mutatingwebhookconfigurations,"
+             "poddisruptionbudgets,controllerrevisions")  # fmt: skip
+    labelled = admin.plane.kubectl("get", kinds, "-A", "-o", "name", "-l",
+                                   f"app.kubernetes.io/instance={helm_chart.RELEASE}")  # fmt: skip
+    return sorted(set(named.split()) | set(labelled.split()))
 
 
 def deploy(admin: Admin, node: RealNode) -> dict[str, Pod]:
     """The two Deployments of the workload image onto the node; their pods once Ready."""
-    say("2. two Deployments of the workload image, scheduled onto the real node: the kubelet "
+    say("3. two Deployments of the workload image, scheduled onto the real node: the kubelet "
         "makes their cgroups, each pod runs its scenario over and over")  # fmt: skip
     for name, file, limit, request in APPS:
         for obj in scenario_objects(name, NS, (ROOT / "scenarios" / file).read_text(),
@@ -232,65 +414,6 @@ def ready_pod(admin: Admin, name: str) -> Pod:
 
 def current(admin: Admin, pods: dict[str, Pod]) -> dict[str, Pod]:
     return {name: Pod.of(admin.get("v1/pods", NS, pod.name) or {}) for name, pod in pods.items()}
-
-
-# -- the agent and the operator, as processes ------------------------------------------------
-
-
-def wait_healthy(url: str, seconds: float = 20) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=1) as reply:
-                if reply.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    raise SystemExit(f"the agent did not become healthy at {url}")
-
-
-@contextmanager
-def process(name: str, args: list[str], log: Path, env: dict[str, str] | None = None
-            ) -> Iterator[subprocess.Popen[bytes]]:  # fmt: skip
-    with log.open("wb") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, **(env or {})})  # fmt: skip
-    try:
-        yield proc
-    finally:
-        stop(proc, timeout_s=20)
-        if proc.returncode not in (0, -15, None):
-            print(f"  ({name} ended with {proc.returncode}: its log is {log})")
-
-
-@contextmanager
-def agent(admin: Admin, node: RealNode, kubeconfig: Path, folder: Path) -> Iterator[int]:
-    """``unthrottle agent`` on the node's cgroup root, on the chart's agent ServiceAccount:
-    its port.
-
-    ``--burst-node-threshold 1``: its node safety (no burst while the node's CPU is above
-    the threshold, 0.5 by default) never holds a burst back here. On this 2-core machine the
-    burstable workloads are the ones measured, and their own bursts make the machine busy:
-    at 0.5, the agent would take the burst away during the very window that measures it."""
-    port = free_port()
-    with process("the agent", [
-        str(UNTHROTTLE), "agent", "--kubeconfig", str(kubeconfig), "--node-name", node.name,
-        "--kubepods-parent", node.cgroup_parent, "--listen", f"127.0.0.1:{port}",
-        "--period", "100ms", "--discover-every", "500ms", "--burst-node-threshold", "1",
-        "--burst", "--burst-namespace", NS,  # the demo's namespace writes bursts
-    ], folder / "agent.log"):  # fmt: skip
-        wait_healthy(f"http://127.0.0.1:{port}/healthz")
-        yield port
-
-
-@contextmanager
-def operator(kubeconfig: Path, prometheus_url: str, folder: Path) -> Iterator[None]:
-    """``unthrottle operator`` as users run it, on the chart's operator ServiceAccount."""
-    with process("the operator", [
-        str(UNTHROTTLE), "operator", "--prometheus", prometheus_url, "--namespace", NS,
-        "--standalone", "--log-format", "text",
-    ], folder / "operator.log", {"KUBECONFIG": str(kubeconfig)}):  # fmt: skip
-        yield
 
 
 # -- the operator's steps ------------------------------------------------------------------
@@ -329,7 +452,7 @@ def show_status(found: dict[str, Any]) -> None:
 
 def recommend(admin: Admin) -> dict[str, Any]:
     """The policy in Recommend mode, once the operator has a recommendation for both."""
-    say("4. the operator (a process, on the chart's ServiceAccount): Recommend mode")
+    say("5. a ThrottlePolicy in Recommend mode; the operator pod writes its status and report")
     policy(admin, {"window": "10m", "targetThrottleRatio": TARGET,
                    "selector": {"matchLabels": {"demo": "unthrottle"}}})  # fmt: skip
 
@@ -355,14 +478,16 @@ def latest_report(admin: Admin) -> Any:
 
 
 def write_report(admin: Admin) -> Path:
-    """The HTML report of the policy's latest result."""
-    from unthrottle.report import render
-    from unthrottle.report.formats import RenderOptions
-
-    text = render(latest_report(admin), "html",
-                  RenderOptions(title="unthrottle demo: policy shop/demo"))  # fmt: skip
+    """The HTML report of the policy's latest result, by ``unthrottle report`` from the host
+    (it reads the report ConfigMap the operator pod wrote)."""
+    latest_report(admin)  # written by now
     path = Path(tempfile.gettempdir()) / "unthrottle-demo-report.html"
-    path.write_text(str(text))
+    args = [str(UNTHROTTLE), "report", "demo", "-n", NS, "--format", "html", "--output",
+            str(path), "--kubeconfig", str(admin.plane.kubeconfig)]  # fmt: skip
+    done = subprocess.run(args, capture_output=True, text=True, timeout=60, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"unthrottle report failed: {done.stderr.strip()}")
+    print(f"  $ unthrottle report demo -n {NS} --format html --output {path}")
     return path
 
 
@@ -408,7 +533,7 @@ def resize_in_place(admin: Admin, today: dict[str, Pod]
     with other work, the batch may wait mostly behind other processes and not be throttled
     by its quota: docs/recommend.md, "Busy nodes"); the pods now, and the reasons of each
     Deployment left as it is."""
-    say("5. the operator: Apply mode, apply.method InPlace: each running pod is resized "
+    say("6. the operator pod: Apply mode, apply.method InPlace: each running pod is resized "
         "through its resize subresource (the canary first: here the one pod); the real "
         "kubelet writes the new quota")  # fmt: skip
     policy(admin, {"mode": "Apply", "apply": {"method": "InPlace", "maxConcurrent": 2,
@@ -458,7 +583,7 @@ def burst_written(layout: Any, node: RealNode, pods: dict[str, Pod], timeout_s: 
 
 def verdicts(admin: Admin, names: Sequence[str]) -> dict[str, Any]:
     """Each Deployment's record once the operator has given its verdict on the canary."""
-    say(f"6. the operator verifies each canary for apply.verifyFor ({VERIFY}) on its own "
+    say(f"7. the operator pod verifies each canary for apply.verifyFor ({VERIFY}) on its own "
         "counters since the resize, then gives its verdict")  # fmt: skip
     found = admin.until("the operator's verdicts",
                         lambda: {n: record(admin, n) for n in names},
@@ -474,74 +599,87 @@ def verdicts(admin: Admin, names: Sequence[str]) -> dict[str, Any]:
 
 def closing(plane: ControlPlane, report: Path) -> None:
     print(f"\nThe HTML report: {report}\n(real: kube-apiserver, etcd, controller-manager, "
-          f"scheduler and a kubelet {plane.version} with containerd and runc; the cgroups, "
-          "their quotas and counters are the kubelet's and the kernel's; cAdvisor's series "
-          "and a real Prometheus; the agent and `unthrottle operator` as processes on the "
-          "chart's RBAC. Not real: one node, on this shared 2-core machine that also runs "
-          "the control plane, Prometheus and the demo; the agent and the operator run on the "
-          "host, not as the chart's pods; the images are built here from this checkout, not "
-          "pulled; the workloads are the lab's scenarios. On a real cluster, install the "
-          "chart and apply a policy, see README.md)")  # fmt: skip
+          f"scheduler and a kubelet {plane.version} with containerd, runc and kube-proxy; "
+          "the chart installed by Helm's Go SDK, the agent and the operator as its pods "
+          "from the image the Dockerfile builds; the cgroups, their quotas and counters are "
+          "the kubelet's and the kernel's; cAdvisor's series and a real Prometheus. Not "
+          "real: one node, on this shared 2-core machine that also runs the control plane, "
+          "Prometheus and the demo; the images are built here from this checkout and "
+          "imported, not pulled; Prometheus runs on the host, not in the cluster; the "
+          "workloads are the lab's scenarios. On a real cluster, install the chart and "
+          "apply a policy, see README.md)")  # fmt: skip
 
 
 # -- the whole loop --------------------------------------------------------------------------
 
 
 def on_the_node(layout: Any, folder: Path) -> dict[str, Any]:
+    image = product_image()
     with cluster(folder) as (admin, node):
-        accounts = chart_rbac(admin)
-        kubeconfigs = {c: admin.kubeconfig_for(folder / f"{c}.kubeconfig", RELEASE_NS, sa)
-                       for c, sa in accounts.items()}  # fmt: skip
         token = prometheus_token(admin, folder)
-        print(f"  the chart's RBAC applied; the operator and the agent run as "
-              f"{', '.join(f'{RELEASE_NS}/{sa}' for sa in accounts.values())}")  # fmt: skip
-        today = deploy(admin, node)
-        for name, pod in today.items():
-            print(f"  {name}: pod {NS}/{pod.name}, limit {format_cpu(pod.limit_millicores)}, "
-                  f"{pod.qos}; cgroup /{pod.cgroup(node)}/{pod.container_id[:12]}…")  # fmt: skip
         (folder / "prometheus").mkdir()
+        scrape = scrape_config(node, token, folder / "prometheus")
         with (
-            agent(admin, node, kubeconfigs["agent"], folder) as port,
-            PrometheusServer(folder / "prometheus",
-                             scrape=scrape_config(port, node, token)) as prom,
+            PrometheusServer(folder / "prometheus", scrape=scrape, listen="0.0.0.0") as prom,
+            release(admin, node, image, prom.port, folder) as chart,
         ):  # fmt: skip
-            say("3. the node agent finds the containers' cgroups below the node's root and "
-                "names them through the API; Prometheus scrapes it and the kubelet's "
-                "/metrics/cadvisor (HTTPS, a token allowed nodes/metrics)")  # fmt: skip
-            until("cAdvisor's series of both containers in Prometheus",
-                  lambda: cadvisor_containers(prom.url),
-                  lambda found: all(f"{p.name}/{CONTAINER}" in found for p in today.values()),
-                  timeout_s=60)  # fmt: skip
-            before = measure(layout, node, today, "today")
-            waits = [agent_wait(prom.url, today)]
-            with operator(kubeconfigs["operator"], prom.url, folder):
-                recommended = recommend(admin)
-                report = write_report(admin)
-                now, left = resize_in_place(admin, today)
-                burst_written(layout, node, now)
-                after = measure(layout, node, now, "resized")
-                waits.append(agent_wait(prom.url, now))
-                records = verdicts(admin, [n for n in today if n not in left])
-                now = current(admin, today)
-            named, cadvisor = named_by_agent(prom.url), cadvisor_containers(prom.url)
-        print(f"  the agent named: {', '.join(named)}\n  cAdvisor's series in {NS}: "
-              f"{', '.join(cadvisor)} (container \"\": the pod's own cgroup and its pause "
-              "container, told apart only by id)")  # fmt: skip
-        results = compare(
-            today, now, before, after, (waits[0], waits[1]), expectations(recommended)
-        )
-        misses = honest(results, recommended)
-        for line in misses:
-            print(f"  measured: {line}")
-        pids = [*admin.plane.pids().values(), *node.pids().values()]
-        doc = {"target": TARGET, "workloads": results, "named": named, "cadvisor": cadvisor,
-               "recommended": recommended.get("workloads"), "report": str(report),
-               "verdicts": {n: {"verdict": r.verdict, "reason": r.verdict_reason,
-                                "ratio_after": r.ratio_after} for n, r in records.items()},
-               "left": left, "misses": misses, "folder": str(folder), "pids": pids,
-               "cgroup_root": str(node.cgroup_root)}  # fmt: skip
-        closing(admin.plane, report)
+            discover(admin, folder / "prometheus")
+            doc = the_loop(layout, admin, node, prom) | {"chart": chart}
+        doc["pids"] = [*admin.plane.pids().values(), *node.pids().values()]
+        doc["cgroup_root"] = str(node.cgroup_root)
+        doc["folder"] = str(folder)
+        closing(admin.plane, Path(doc["report"]))
     return doc
+
+
+def the_loop(layout: Any, admin: Admin, node: RealNode, prom: PrometheusServer
+             ) -> dict[str, Any]:  # fmt: skip
+    """Workloads, Recommend, the report, Apply InPlace, the verdicts and the table, with the
+    chart's pods running; the figures for the JSON."""
+    today = deploy(admin, node)
+    for name, pod in today.items():
+        print(f"  {name}: pod {NS}/{pod.name}, limit {format_cpu(pod.limit_millicores)}, "
+              f"{pod.qos}; cgroup /{pod.cgroup(node)}/{pod.container_id[:12]}…")  # fmt: skip
+    say("4. the agent pod finds the containers' cgroups below the node's root and names them "
+        "through the API; Prometheus scrapes it (its pod listed from the API) and the "
+        "kubelet's /metrics/cadvisor (HTTPS, a token allowed nodes/metrics)")  # fmt: skip
+    until("the agent's and cAdvisor's series of both containers in Prometheus",
+          lambda: (named_by_agent(prom.url), cadvisor_containers(prom.url)),
+          lambda found: all(f"{NS}/{p.name}/{CONTAINER}" in found[0]
+                            and f"{p.name}/{CONTAINER}" in found[1] for p in today.values()),
+          timeout_s=90)  # fmt: skip
+    before = measure(layout, node, today, "today")
+    waits = [agent_wait(prom.url, today)]
+    recommended = recommend(admin)
+    report = write_report(admin)
+    now, left = resize_in_place(admin, today)
+    burst_written(layout, node, now)
+    after = measure(layout, node, now, "resized")
+    waits.append(agent_wait(prom.url, now))
+    records = verdicts(admin, [n for n in today if n not in left])
+    now = current(admin, today)
+    named, cadvisor = named_by_agent(prom.url), cadvisor_containers(prom.url)
+    print(f"  the agent named: {', '.join(named)}\n  cAdvisor's series in {NS}: "
+          f"{', '.join(cadvisor)} (container \"\": the pod's own cgroup and its pause "
+          "container, told apart only by id)")  # fmt: skip
+    results = compare(today, now, before, after, (waits[0], waits[1]),
+                      expectations(recommended))  # fmt: skip
+    misses = honest(results, recommended)
+    for line in misses:
+        print(f"  measured: {line}")
+    return {"target": TARGET, "workloads": results, "named": named, "cadvisor": cadvisor,
+            "recommended": recommended.get("workloads"), "report": str(report),
+            "verdicts": {n: {"verdict": r.verdict, "reason": r.verdict_reason,
+                             "ratio_after": r.ratio_after} for n, r in records.items()},
+            "left": left, "misses": misses,
+            "status_managers": status_managers(admin)}  # fmt: skip
+
+
+def status_managers(admin: Admin) -> list[str]:
+    """Who wrote the policy's status, as the API server's managedFields record it."""
+    found = admin.get(POLICIES, NS, "demo") or {}
+    return sorted({f.get("manager", "") for f in found["metadata"].get("managedFields", [])
+                   if f.get("subresource") == "status"})  # fmt: skip
 
 
 def kernel_layout() -> Any:

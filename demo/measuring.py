@@ -221,7 +221,7 @@ def compare(today: dict[str, Pod], now: dict[str, Pod], before: dict[str, Measur
     """The before / after table, and its figures for the JSON; the unthrottle row shows the
     operator's expected range beside the measured ratio."""
     expected = expected or {}
-    say("7. before and after, from the kernel's counters of the cgroups the kubelet made "
+    say("8. before and after, from the kernel's counters of the cgroups the kubelet made "
         f"({MEASURE_S} s each, both pods at once)")  # fmt: skip
     rows, results = [], {}
     for name, old in today.items():

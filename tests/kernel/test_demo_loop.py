@@ -1,10 +1,13 @@
 """`make demo`'s whole loop on a real control plane and a real node (both its own, started by
-the demo): Deployments of the workload image scheduled onto the node, the kubelet's cgroups
-(the pod-level quota too), the agent naming them and writing the burst, Prometheus scraping
-the agent and the kubelet's cAdvisor, ``unthrottle operator`` as a process on the chart's
-RBAC in Recommend then Apply mode with ``apply.method: InPlace``: the running pods resized by
-the real kubelet, no pod restarted, the operator's own verdict. The figures are the
-kernel's counters of the cgroups the kubelet made. Root only (slow: about 3 minutes)."""
+the demo), with unthrottle installed as a user installs it: the image built from the
+Dockerfile, the chart installed by Helm's Go SDK, the agent and the operator running as the
+chart's pods. Deployments of the workload image scheduled onto the node, the kubelet's
+cgroups (the pod-level quota too), the agent pod naming them and writing the burst,
+Prometheus finding the pods and the kubelet's cAdvisor through the API server, the operator
+pod in Recommend then Apply mode with ``apply.method: InPlace``: the running pods resized by
+the real kubelet, no pod restarted, the operator's own verdict; then ``helm uninstall``
+leaves nothing of the release. The figures are the kernel's counters of the cgroups the
+kubelet made. Root only (slow: about 3 minutes, a minute more when the image is built)."""
 
 from __future__ import annotations
 
@@ -42,7 +45,8 @@ def test_the_demo_resizes_real_pods_and_reports_what_the_kernel_measured(
     out = tmp_path / "demo.json"
     done = subprocess.run(
         [sys.executable, str(ROOT / "demo" / "loop.py")],
-        # the logs (kubelet, containerd, control plane, agent, operator) and the policy kept
+        # the logs (kubelet, containerd, control plane, the agent's and the operator's pods)
+        # and the policy kept
         env={**os.environ, "UNTHROTTLE_DEMO_JSON": str(out),
              "UNTHROTTLE_DEMO_LOGS": str(tmp_path / "logs")},
         capture_output=True, text=True, timeout=900, check=False,
@@ -51,11 +55,34 @@ def test_the_demo_resizes_real_pods_and_reports_what_the_kernel_measured(
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:] + kept
     # the closing line says what is real and what is not
     assert re.search(r"real: kube-apiserver, etcd, controller-manager, scheduler and a "
-                     r"kubelet v1\.\d+\.\d+ with containerd and runc", done.stdout)  # fmt: skip
+                     r"kubelet v1\.\d+\.\d+ with containerd, runc and kube-proxy; the chart "
+                     r"installed by Helm's Go SDK, the agent and the operator as its pods",
+                     done.stdout)  # fmt: skip
     assert "Not real: one node" in done.stdout
     assert "fake nodes" not in done.stdout and "stand-in" not in done.stdout
     assert "0 pods restarted: same pod UID, container ID and cgroup" in done.stdout
+    # a user's own commands are shown, and the chart's pods as kubectl shows them
+    assert "helm install unthrottle charts/unthrottle -n unthrottle" in done.stdout
+    assert "--set operator.apply.inPlace.enabled=true" in done.stdout
+    assert "$ kubectl get pods -n unthrottle" in done.stdout
     doc = json.loads(out.read_text())
+    chart = doc["chart"]
+    # both of the chart's pods were Running and Ready on the real node once installed
+    pods = {p["component"]: p for p in chart["pods"]}
+    assert set(pods) == {"agent", "operator"}, chart["pods"]
+    for pod in pods.values():
+        assert (pod["ready"], pod["phase"]) == ("1/1", "Running"), pod
+        assert pod["restarts"] == 0, pod
+    # the operator pod wrote the policy's status: its log shows the reconcile of shop/demo
+    # and no process of the host did it (the demo starts none)
+    logs = tmp_path / "logs"
+    (operator_log,) = logs.glob(f"pods-{pods['operator']['name']}.log")
+    assert "policy shop/demo:" in operator_log.read_text(), operator_log
+    assert list(logs.glob(f"pods-{pods['agent']['name']}.log")), sorted(logs.iterdir())
+    assert doc["status_managers"], doc["status_managers"]
+    # helm uninstall left nothing of the release (its manifest's objects, anything labelled
+    # with its instance)
+    assert chart["left"] == [], chart["left"]
     cgroup_root = Path(doc["cgroup_root"])
     for name, figures in doc["workloads"].items():
         before, after = figures["before"], figures["after"]
