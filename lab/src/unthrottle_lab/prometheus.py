@@ -54,11 +54,13 @@ class PrometheusServer:
                  tsdb: Path | None = None, flags: tuple[str, ...] = (),
                  tls: tuple[Path, Path] | None = None,
                  users: dict[str, str] | None = None,
-                 listen: str = "127.0.0.1") -> None:  # fmt: skip
+                 listen: str = "127.0.0.1", binary: str = "prometheus") -> None:  # fmt: skip
         """``listen``: the address it serves on (``0.0.0.0``: also where the real node's pods
-        reach the host); ``url`` is on 127.0.0.1 either way."""
+        reach the host); ``url`` is on 127.0.0.1 either way. ``binary``: Debian's by default
+        (:mod:`unthrottle_lab.kube.prometheus_build` has one with Kubernetes discovery)."""
         self.folder = folder
         self.listen = listen
+        self.binary = binary
         self.flags = flags
         self.port = free_port()
         self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
@@ -86,7 +88,7 @@ class PrometheusServer:
 
     def __enter__(self) -> PrometheusServer:
         self.proc = subprocess.Popen(
-            ["prometheus", f"--config.file={self.config}", f"--storage.tsdb.path={self.tsdb}",
+            [self.binary, f"--config.file={self.config}", f"--storage.tsdb.path={self.tsdb}",
              f"--web.listen-address={self.listen}:{self.port}", "--storage.tsdb.retention.time=30d",
              *self.flags],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -27,6 +27,7 @@ from unthrottle_lab.kube.build import BuildError, ensure_built, ensure_node_buil
 from unthrottle_lab.kube.cluster import ControlPlane, StartError
 from unthrottle_lab.kube.image import build_product_image, build_record, cached_product_image
 from unthrottle_lab.kube.node import RealNode
+from unthrottle_lab.kube.prometheus_build import ensure_prometheus_built
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -105,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "build":
             print(ensure_built().folder)
             print(ensure_node_built().folder)
+            print(ensure_prometheus_built())
             return 0
         if args.command == "image":
             return _image()
