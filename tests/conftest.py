@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from collections.abc import Iterator
 
 import pytest
@@ -35,6 +36,8 @@ from unthrottle_lab.kube import (
     ensure_built,
     ensure_node_built,
 )
+from unthrottle_lab.kube.image import build_product_image, import_image
+from unthrottle_lab.kube.images import Image
 
 pytest_plugins = ["missing", "steal"]  # CI=true fails skips for what make installs; skip
 # counts; and the host's steal time per test and over the run
@@ -102,6 +105,18 @@ def real_node(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFact
         pytest.skip(f"{MISSING} the real node cannot be built: {error}")
     with RealNode(control_plane, tmp_path_factory.mktemp("real-node")) as node:
         yield node
+
+
+@pytest.fixture(scope="session")
+def product_image(real_node: RealNode) -> Image:
+    """The image built from the Dockerfile for this checkout (``make image``; from the cache
+    when it has it), imported into the real node's containerd."""
+    missing = [tool for tool in ("buildah", "mmdebstrap") if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"{MISSING} {' and '.join(missing)}, to build the image (make image)")
+    image = build_product_image()
+    import_image(real_node, image)
+    return image
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ the read-only filesystem."""
 from __future__ import annotations
 
 import json
-import shutil
 import tarfile
 import textwrap
 import time
@@ -19,14 +18,12 @@ from typing import Any
 import pytest
 
 from kube import Kube
-from missing import MISSING
 from support.paths import ROOT
 from unthrottle_lab.kube import REAL_NODE_TAINT, RealNode
 from unthrottle_lab.kube.image import (
     REPOSITORY,
     build_product_image,
     build_record,
-    import_image,
     repository_and_tag,
 )
 from unthrottle_lab.kube.images import Image
@@ -46,18 +43,6 @@ PLOTS = textwrap.dedent("""
 RESTRICTED = {"readOnlyRootFilesystem": True, "runAsNonRoot": True,
               "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}  # fmt: skip
 """The chart's container securityContext, and runAsNonRoot for the kubelet to check."""
-
-
-@pytest.fixture(scope="module")
-def product_image(real_node: RealNode) -> Image:
-    """The image for this checkout (from the cache when it has it), in the node's
-    containerd."""
-    missing = [tool for tool in ("buildah", "mmdebstrap") if shutil.which(tool) is None]
-    if missing:
-        pytest.skip(f"{MISSING} {' and '.join(missing)}, to build the image (make image)")
-    image = build_product_image()
-    import_image(real_node, image)
-    return image
 
 
 def _container(image: Image, name: str, **fields: Any) -> dict[str, Any]:

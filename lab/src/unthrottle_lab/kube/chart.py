@@ -8,13 +8,15 @@ What the real node needs that a user's cluster has already (the only values set 
 a user would not): the image is imported, not pulled (``image.pullPolicy: Never``); the
 operator tolerates the real node's taint (:data:`REAL_NODE_TAINT`, ours, which keeps the
 other tests' pods on kwok's nodes); the agent is told where the node's ``kubepods`` sits
-below the cgroup mount (``agent.kubepodsParent``, as on kind nodes). Prometheus listens on
-the node's address, where pods reach the host.
+below the cgroup mount (``agent.kubepodsParent``, as on kind nodes); both are held to the
+real node by ``nodeSelector`` (the control plane's kwok nodes would take, and fake, them
+too). Prometheus listens on the node's address, where pods reach the host.
 """
 
 from __future__ import annotations
 
 import json
+import time
 import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -59,13 +61,16 @@ def node_values(node: RealNode, image: Image, prometheus_url: str) -> dict[str, 
     """The values the real node needs (module docstring); everything else is the chart's
     default or the caller's."""
     taint = REAL_NODE_TAINT
+    # the control plane's kwok nodes would take (and fake) the chart's pods too
+    on_node = {"kubernetes.io/hostname": node.name}
     return {
         "image": image_values(image),
         "prometheus": {"url": prometheus_url},
         "operator": {
-            "tolerations": [{"key": taint["key"], "operator": "Exists", "effect": taint["effect"]}]
+            "nodeSelector": on_node,
+            "tolerations": [{"key": taint["key"], "operator": "Exists", "effect": taint["effect"]}],
         },
-        "agent": {"kubepodsParent": node.cgroup_parent},
+        "agent": {"kubepodsParent": node.cgroup_parent, "nodeSelector": on_node},
     }
 
 
@@ -111,10 +116,26 @@ def upgrade(plane: ControlPlane, installed: Installed, values: dict[str, Any]) -
 
 
 def uninstall(plane: ControlPlane, installed: Installed) -> None:
-    """``helm uninstall --wait``: every object of the release deleted, its pods gone."""
+    """``helm uninstall --wait``, then until the release's pods are gone: Helm's watcher
+    waits for the release's own objects only, and returned here in 0.3 s with both pods
+    still terminating (the agent sets its bursts back as it stops)."""
     with _config(plane, installed.namespace) as config:
         config.uninstall(installed.release, wait="watcher", timeout=INSTALL_TIMEOUT_S,
                          ignore_not_found=True)  # fmt: skip
+    _until_no_pods(plane, installed.release, installed.namespace)
+
+
+def _until_no_pods(plane: ControlPlane, release: str, namespace: str) -> None:
+    selector = urllib.parse.quote(f"app.kubernetes.io/instance={release}")
+    path = f"/api/v1/namespaces/{namespace}/pods?labelSelector={selector}"
+    deadline = time.monotonic() + INSTALL_TIMEOUT_S
+    while time.monotonic() < deadline:
+        status, found = plane.request("GET", path)
+        if status == 404 or (status == 200 and not found.get("items")):
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"the pods of release {release} still there {INSTALL_TIMEOUT_S} s "
+                       "after helm uninstall")  # fmt: skip
 
 
 @contextmanager
@@ -129,6 +150,7 @@ def installed(plane: ControlPlane, values: dict[str, Any], *, release: str = REL
         with _config(plane, namespace) as config:
             config.uninstall(release, wait="watcher", timeout=INSTALL_TIMEOUT_S,
                              ignore_not_found=True)  # fmt: skip
+        _until_no_pods(plane, release, namespace)
 
 
 def _field(release: Any, name: str) -> Any:
