@@ -51,7 +51,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.parse
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -86,6 +85,7 @@ from unthrottle_lab.kube import chart as helm_chart
 from unthrottle_lab.kube.admin import Admin, until
 from unthrottle_lab.kube.image import build_product_image, import_image
 from unthrottle_lab.kube.images import Image
+from unthrottle_lab.kube.prometheus_build import ensure_prometheus_built
 from unthrottle_lab.prometheus import PrometheusServer, have_prometheus
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -177,46 +177,11 @@ def prometheus_token(admin: Admin, folder: Path) -> Path:
 
 # -- Prometheus on the host -----------------------------------------------------------------
 
-SCRAPED = ("agent", "operator")
-"""The chart's components Prometheus scrapes (their pods' container port ``metrics``)."""
 
-
-def scrape_config(node: RealNode, token: Path, folder: Path) -> str:
-    """The agent's and the operator's pods from files the demo writes from the API
-    (:func:`discover`), the agent's labels honoured; the kubelet's cAdvisor over HTTPS
-    (the cluster's CA) with the token.
-
-    Not ``kubernetes_sd_configs`` (``unthrottle_lab.kube.chart.scrape_config``): Debian's
-    Prometheus 2.42 is built without Kubernetes discovery ("field kubernetes_sd_configs not
-    found in type config.ScrapeConfig"), so the demo does the discovery's part: it lists
-    the pods by the chart's labels and port name, as that job's relabelling keeps them."""
-    kubelet = urllib.parse.urlparse(node.endpoint).netloc
-    jobs = [{"job_name": f"unthrottle-{c}", "honor_labels": c == "agent",
-             "file_sd_configs": [{"files": [str(folder / f"{c}.targets.json")],
-                                  "refresh_interval": "1s"}]} for c in SCRAPED]  # fmt: skip
-    for c in SCRAPED:
-        (folder / f"{c}.targets.json").write_text("[]")
-    jobs.append({"job_name": "kubelet-cadvisor", "scheme": "https",
-                 "metrics_path": "/metrics/cadvisor",
-                 "authorization": {"credentials_file": str(token)},
-                 "tls_config": {"ca_file": str(node.plane.pki.ca)},
-                 "static_configs": [{"targets": [kubelet]}]})  # fmt: skip
-    return "scrape_configs:\n" + "".join(f"  - {json.dumps(job)}\n" for job in jobs)
-
-
-def discover(admin: Admin, folder: Path) -> None:
-    """Each scraped component's pods (the chart's labels, the container port ``metrics``)
-    as Prometheus's file discovery reads them."""
-    for c in SCRAPED:
-        targets = []
-        for pod in admin.list("v1/pods", RELEASE_NS, selector="app.kubernetes.io/name="
-                              f"unthrottle,app.kubernetes.io/component={c}"):  # fmt: skip
-            ports = [p["containerPort"] for ct in pod["spec"]["containers"]
-                     for p in ct.get("ports") or [] if p.get("name") == "metrics"]  # fmt: skip
-            targets += [{"targets": [f"{pod['status']['podIP']}:{port}"],
-                         "labels": {"kubernetes_pod": pod["metadata"]["name"]}}
-                        for port in ports]  # fmt: skip
-        (folder / f"{c}.targets.json").write_text(json.dumps(targets))
+def prometheus() -> Path:
+    """A Prometheus with Kubernetes discovery, as a user's has (Debian's is built without
+    it: ``unthrottle_lab.kube.prometheus_build``), built by ``make controlplane``."""
+    return ensure_prometheus_built()
 
 
 # -- the chart, installed as a user installs it ----------------------------------------------
@@ -618,12 +583,12 @@ def on_the_node(layout: Any, folder: Path) -> dict[str, Any]:
     with cluster(folder) as (admin, node):
         token = prometheus_token(admin, folder)
         (folder / "prometheus").mkdir()
-        scrape = scrape_config(node, token, folder / "prometheus")
+        scrape = helm_chart.scrape_config(admin.plane, node, token)
         with (
-            PrometheusServer(folder / "prometheus", scrape=scrape, listen="0.0.0.0") as prom,
+            PrometheusServer(folder / "prometheus", scrape=scrape, listen="0.0.0.0",
+                             binary=str(prometheus())) as prom,
             release(admin, node, image, prom.port, folder) as chart,
         ):  # fmt: skip
-            discover(admin, folder / "prometheus")
             doc = the_loop(layout, admin, node, prom) | {"chart": chart}
         doc["pids"] = [*admin.plane.pids().values(), *node.pids().values()]
         doc["cgroup_root"] = str(node.cgroup_root)
@@ -641,7 +606,7 @@ def the_loop(layout: Any, admin: Admin, node: RealNode, prom: PrometheusServer
         print(f"  {name}: pod {NS}/{pod.name}, limit {format_cpu(pod.limit_millicores)}, "
               f"{pod.qos}; cgroup /{pod.cgroup(node)}/{pod.container_id[:12]}…")  # fmt: skip
     say("4. the agent pod finds the containers' cgroups below the node's root and names them "
-        "through the API; Prometheus scrapes it (its pod listed from the API) and the "
+        "through the API; Prometheus finds its pod (kubernetes_sd_configs) and scrapes it and the "
         "kubelet's /metrics/cadvisor (HTTPS, a token allowed nodes/metrics)")  # fmt: skip
     until("the agent's and cAdvisor's series of both containers in Prometheus",
           lambda: (named_by_agent(prom.url), cadvisor_containers(prom.url)),
