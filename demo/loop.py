@@ -151,30 +151,6 @@ def keep_logs(admin: Admin, folder: Path, into: Path) -> None:
         (into / "policy.json").write_text(json.dumps({"error": str(error)}))
 
 
-def prometheus_token(admin: Admin, folder: Path) -> Path:
-    """A ServiceAccount for Prometheus, allowed ``get nodes/metrics`` (what the kubelet's
-    webhook authorization asks the API server for ``/metrics/cadvisor``); its token's file."""
-    rules = [{"apiGroups": [""], "resources": ["nodes/metrics"], "verbs": ["get"]}]
-    admin.create_namespace(MONITORING_NS)
-    admin.create("v1/serviceaccounts", {"apiVersion": "v1", "kind": "ServiceAccount",
-                                        "metadata": {"name": "prometheus",
-                                                     "namespace": MONITORING_NS}})  # fmt: skip
-    admin.create("rbac.authorization.k8s.io/v1/clusterroles", {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-        "metadata": {"name": "prometheus-kubelet"}, "rules": rules})  # fmt: skip
-    admin.create("rbac.authorization.k8s.io/v1/clusterrolebindings", {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-        "metadata": {"name": "prometheus-kubelet"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                    "name": "prometheus-kubelet"},
-        "subjects": [{"kind": "ServiceAccount", "name": "prometheus",
-                      "namespace": MONITORING_NS}]})  # fmt: skip
-    path = folder / "prometheus.token"
-    path.write_text(admin.token(MONITORING_NS, "prometheus"))
-    path.chmod(0o600)
-    return path
-
-
 # -- Prometheus on the host -----------------------------------------------------------------
 
 
@@ -581,7 +557,8 @@ def closing(plane: ControlPlane, report: Path) -> None:
 def on_the_node(layout: Any, folder: Path) -> dict[str, Any]:
     image = product_image()
     with cluster(folder) as (admin, node):
-        token = prometheus_token(admin, folder)
+        admin.create_namespace(MONITORING_NS)
+        token = helm_chart.prometheus_token(admin, MONITORING_NS, folder)
         (folder / "prometheus").mkdir()
         scrape = helm_chart.scrape_config(admin.plane, node, token)
         with (

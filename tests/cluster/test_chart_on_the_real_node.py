@@ -35,7 +35,6 @@ from support.chart_pods import (
     container_process,
     drop_prometheus_rbac,
     pod_log,
-    prometheus_token,
     query,
     ready,
 )
@@ -45,11 +44,13 @@ from unthrottle.cgroups import Layout
 from unthrottle.kube.patching import record_of
 from unthrottle.scan.readers import CHECKPOINT_LABEL
 from unthrottle_lab.kube import BuildError, ControlPlane, RealNode
+from unthrottle_lab.kube.admin import Admin
 from unthrottle_lab.kube.chart import (
     Installed,
     install,
     merged,
     node_values,
+    prometheus_token,
     prometheus_url,
     scrape_config,
     uninstall,
@@ -107,7 +108,7 @@ def journey(tmp_path_factory: pytest.TempPathFactory, control_plane: ControlPlan
     namespace = fresh_name("chart-journey")
     kube = Kube(control_plane, namespace)
     kube.create_namespace(namespace)
-    token = prometheus_token(kube, namespace, folder)
+    token = prometheus_token(Admin(control_plane), namespace, folder)
     pod = _running(kube, real_node, APP, cpu_limit="500m", cpu_request="250m")
     with PrometheusServer(folder, scrape=scrape_config(control_plane, real_node, token),
                           listen="0.0.0.0", binary=str(prometheus)) as prom:  # fmt: skip

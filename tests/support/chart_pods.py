@@ -27,32 +27,6 @@ LISTED = ("deployments,daemonsets,replicasets,pods,services,endpoints,serviceacc
 """Every kind the chart makes, or its controllers make for it, as kubectl names them."""
 
 
-def prometheus_token(kube: Kube, namespace: str, folder: Path) -> Path:
-    """A ServiceAccount's token allowed ``get nodes/metrics`` (what the kubelet's webhook
-    authorization asks for /metrics/cadvisor) and ``list/watch`` of pods and nodes (what
-    ``kubernetes_sd_configs`` needs), as a user's Prometheus has."""
-    rbac = "rbac.authorization.k8s.io/v1"
-    kube.create("v1/serviceaccounts", {"apiVersion": "v1", "kind": "ServiceAccount",
-                                       "metadata": {"name": "prometheus",
-                                                    "namespace": namespace}})  # fmt: skip
-    name = f"prometheus-{namespace}"
-    kube.create(f"{rbac}/clusterroles", {
-        "apiVersion": rbac, "kind": "ClusterRole", "metadata": {"name": name},
-        "rules": [{"apiGroups": [""], "resources": ["nodes/metrics"], "verbs": ["get"]},
-                  {"apiGroups": [""], "resources": ["pods", "nodes"],
-                   "verbs": ["list", "watch", "get"]}]})  # fmt: skip
-    kube.create(f"{rbac}/clusterrolebindings", {
-        "apiVersion": rbac, "kind": "ClusterRoleBinding", "metadata": {"name": name},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                    "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": "prometheus",
-                      "namespace": namespace}]})  # fmt: skip
-    path = folder / "prometheus.token"
-    path.write_text(kube.token(namespace, "prometheus"))
-    path.chmod(0o600)
-    return path
-
-
 def drop_prometheus_rbac(kube: Kube, namespace: str) -> None:
     rbac = "rbac.authorization.k8s.io/v1"
     kube.delete(f"{rbac}/clusterrolebindings", None, f"prometheus-{namespace}")

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from unthrottle_lab.kube.admin import Admin
 from unthrottle_lab.kube.cluster import ControlPlane
 from unthrottle_lab.kube.image import repository_and_tag
 from unthrottle_lab.kube.images import Image
@@ -191,6 +192,32 @@ def scrape_config(plane: ControlPlane, node: RealNode, token: Path) -> str:
     jobs = [pods("agent", True), pods("operator", False), cadvisor]
     # JSON is YAML: one line per job keeps the file readable in a failure's logs
     return "scrape_configs:\n" + "".join(f"  - {json.dumps(job)}\n" for job in jobs)
+
+
+def prometheus_token(admin: Admin, namespace: str, folder: Path) -> Path:
+    """A ServiceAccount ``prometheus`` in ``namespace`` (which exists), allowed ``get
+    nodes/metrics`` (what the kubelet's webhook authorization asks the API server for
+    ``/metrics/cadvisor``), as a user's Prometheus has; its token's file. The ClusterRole
+    and its binding are ``prometheus-<namespace>``."""
+    rbac = "rbac.authorization.k8s.io/v1"
+    name = f"prometheus-{namespace}"
+    admin.create("v1/serviceaccounts", {"apiVersion": "v1", "kind": "ServiceAccount",
+                                        "metadata": {"name": "prometheus",
+                                                     "namespace": namespace}})  # fmt: skip
+    admin.create(f"{rbac}/clusterroles", {
+        "apiVersion": rbac, "kind": "ClusterRole", "metadata": {"name": name},
+        "rules": [{"apiGroups": [""], "resources": ["nodes/metrics"],
+                   "verbs": ["get"]}]})  # fmt: skip
+    admin.create(f"{rbac}/clusterrolebindings", {
+        "apiVersion": rbac, "kind": "ClusterRoleBinding", "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": "prometheus",
+                      "namespace": namespace}]})  # fmt: skip
+    path = folder / "prometheus.token"
+    path.write_text(admin.token(namespace, "prometheus"))
+    path.chmod(0o600)
+    return path
 
 
 def prometheus_url(port: int) -> str:
