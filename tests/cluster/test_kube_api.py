@@ -74,8 +74,9 @@ def test_the_crd_installs_with_kubectl_and_serves_policies_with_their_defaults(
         ({"targetThrottleRatio": 1.5}, "spec.targetThrottleRatio"),
         ({"mode": "Sometimes"}, "spec.mode"),
         ({"window": "a while"}, "spec.window"),
+        ({"kinds": ["CronJob"]}, "spec.kinds"),
     ],
-    ids=["ratio-above-1", "unknown-mode", "unparsable-window"],
+    ids=["ratio-above-1", "unknown-mode", "unparsable-window", "a-kind-it-cannot-act-on"],
 )
 def test_the_server_refuses_a_malformed_policy_naming_the_field(
     crd: Kube, spec: dict[str, Any], field: str

@@ -30,6 +30,7 @@ DOC_FILE = ROOT / "docs" / "throttlepolicy.md"
 
 ISSUE_DEFAULTS = {
     "selector": {"matchLabels": {}, "matchExpressions": []},
+    "kinds": ["Deployment"],
     "mode": "Recommend",
     "targetThrottleRatio": 0.05,
     "window": "24h",
@@ -106,6 +107,40 @@ def test_numbers_given_for_quantities_are_kept_as_quantity_strings() -> None:
     assert (spec.min_millicores, spec.max_millicores) == (250, 8000)
 
 
+def test_a_policy_covers_deployments_only_unless_it_names_other_kinds() -> None:
+    """A policy written before ``kinds`` existed covers what it did then: no wider."""
+    assert parse_spec({}).kinds == ["Deployment"]
+    assert parse_spec({"mode": "Apply", "selector": {"matchLabels": {"app": "web"}}}).kinds == [
+        "Deployment"
+    ]
+
+
+def test_a_policy_may_cover_all_three_kinds_of_workload() -> None:
+    kinds = ["StatefulSet", "DaemonSet", "Deployment"]
+    assert parse_spec({"kinds": kinds}).kinds == kinds
+
+
+@pytest.mark.parametrize("kind", ["CronJob", "Job", "ReplicaSet", "Rollout"])
+def test_a_kind_the_policy_cannot_act_on_is_refused_by_the_model_and_the_schema(
+    kind: str,
+) -> None:
+    with pytest.raises(SpecError) as caught:
+        parse_spec({"kinds": ["Deployment", kind]})
+    # the operator's condition and event read "spec.kinds[1]: 'CronJob' is not one of ..."
+    assert caught.value.field == "kinds[1]"
+    assert str(caught.value) == (
+        f"kinds[1]: {kind!r} is not one of Deployment, StatefulSet, DaemonSet"
+    )
+    assert kind not in _spec_field("kinds")["items"]["enum"]
+
+
+def test_the_schema_offers_exactly_the_kinds_the_model_accepts() -> None:
+    kinds = _spec_field("kinds")
+    assert kinds["items"]["enum"] == ["Deployment", "StatefulSet", "DaemonSet"]
+    assert (kinds["default"], kinds["minItems"]) == (["Deployment"], 1)
+    assert kinds["x-kubernetes-list-type"] == "set"  # the API server refuses a duplicate
+
+
 def test_durations_are_read_in_seconds() -> None:
     spec = parse_spec({"window": "7d", "interval": "1m30s", "apply": {"cooldown": "0s"}})
     assert (spec.window_s, spec.interval_s) == (7 * 86400, 90)
@@ -174,6 +209,22 @@ def test_durations_are_read_in_seconds() -> None:
         pytest.param({"headroom": "0.1"}, "headroom", "valid number", id="number as string"),
         pytest.param({"containers": ["api", "api"]}, "containers[1]", "twice", id="duplicate"),
         pytest.param({"containers": ["API"]}, "containers[0]", "container name", id="uppercase"),
+        pytest.param(
+            {"kinds": ["CronJob"]},
+            "kinds[0]",
+            "'CronJob' is not one of Deployment, StatefulSet, DaemonSet",
+            id="kind CronJob",
+        ),
+        pytest.param(
+            {"kinds": ["DaemonSet", "Deployment", "DaemonSet"]},
+            "kinds[2]",
+            "'DaemonSet' is listed twice",
+            id="kind listed twice",
+        ),
+        pytest.param({"kinds": []}, "kinds", "list at least 1", id="no kinds"),
+        pytest.param(
+            {"kinds": ["statefulset"]}, "kinds[0]", "case-sensitive: 'StatefulSet'", id="kind case"
+        ),
         pytest.param([], "spec", "must be an object", id="not an object"),
     ],
 )
@@ -188,7 +239,9 @@ def test_a_bad_spec_is_refused_naming_the_field_and_the_fix(
 
 
 def test_an_unknown_field_lists_the_fields_there_are() -> None:
-    with pytest.raises(SpecError, match=r"the fields here are: selector, mode, .*, interval"):
+    with pytest.raises(
+        SpecError, match=r"the fields here are: selector, kinds, mode, .*, interval"
+    ):
         parse_spec({"prometheusUrl": "x"})
 
 
@@ -475,4 +528,5 @@ def test_the_reference_lists_every_spec_field_with_its_default() -> None:
     assert rows["apply.gitOps"] == '`"Skip"`' and rows["targetThrottleRatio"] == "`0.05`"
     assert "selector.matchExpressions[].operator" in rows
     assert rows["apply.method"] == '`"Rollout"`'
-    assert len(rows) == 30
+    assert rows["kinds"] == '`["Deployment"]`'
+    assert len(rows) == 31

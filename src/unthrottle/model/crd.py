@@ -193,6 +193,8 @@ def _type(node: dict[str, Any]) -> str:
         return "one of " + ", ".join(f"`{v}`" for v in node["enum"])
     kind = node.get("type", "")
     if kind == "array":
+        if "enum" in node["items"]:  # not "list of one of `A`, `B`s"
+            return "list, each one of " + ", ".join(f"`{v}`" for v in node["items"]["enum"])
         item = _type(node["items"])
         return f"list of {'objects' if item == 'object' else item + 's'}"
     if kind == "object" and "additionalProperties" in node:

@@ -61,6 +61,7 @@ __all__ = [
     "Summary",
     "ThrottlePolicySpec",
     "ThrottlePolicyStatus",
+    "WorkloadKind",
     "WorkloadStatus",
     "parse_spec",
 ]
@@ -75,6 +76,10 @@ CPU_PATTERN = r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)m?$"
 """The CPU quantities :func:`unthrottle.units.parse_cpu` reads (cores or millicores)."""
 CONTAINER_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 """A container name: an RFC 1123 label, as the API server requires."""
+
+WorkloadKind = Literal["Deployment", "StatefulSet", "DaemonSet"]
+"""The kinds of workload a policy can cover. Anything else (CronJob, Job, ReplicaSet, a
+custom resource) is refused: the schema's enum, and :func:`parse_spec` naming ``kinds``."""
 
 
 class SpecError(ValueError):
@@ -400,6 +405,18 @@ class ThrottlePolicySpec(_Spec):
         LabelSelectorSpec,
         "The Deployments of the policy's namespace it manages; empty or absent: all of them.",
     )
+    kinds: list[WorkloadKind] = Field(
+        # Deployment only: a policy written before this field covers what it covered then,
+        # and covers more only when its author says so
+        ["Deployment"],
+        min_length=1,
+        description="Which kinds of workload the policy covers (at least one, each once). "
+        "Pods owned directly by a StatefulSet or a DaemonSet are recognised from their owner "
+        "references (kube-state-metrics' kube_pod_owner, without cluster access). Apply acts "
+        "on Deployments only for now: StatefulSets and DaemonSets are recommended, and an "
+        "Apply policy reports them without changing them.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
     mode: Literal["Recommend", "Apply"] = Field(
         "Recommend",
         description="Recommend: only report in the status; Apply: also change the Deployments.",
@@ -441,12 +458,13 @@ class ThrottlePolicySpec(_Spec):
     )
 
     @model_validator(mode="after")
-    def _containers_once(self) -> ThrottlePolicySpec:
-        seen: set[str] = set()
-        for index, name in enumerate(self.containers):
-            if name in seen:
-                raise _FieldProblem(f"containers[{index}]", f"{name!r} is listed twice")
-            seen.add(name)
+    def _listed_once(self) -> ThrottlePolicySpec:
+        for field, names in (("kinds", self.kinds), ("containers", self.containers)):
+            seen: set[str] = set()
+            for index, name in enumerate(names):
+                if name in seen:
+                    raise _FieldProblem(f"{field}[{index}]", f"{name!r} is listed twice")
+                seen.add(name)
         return self
 
     @property
@@ -551,6 +569,9 @@ def _message(problem: ErrorDetails) -> str:
         same = [c for c in choices if isinstance(value, str) and c.lower() == value.lower()]
         hint = f" (names are case-sensitive: {same[0]!r})" if same else ""
         return f"{value!r} is not one of {', '.join(choices)}{hint}"
+    if kind == "too_short":
+        least = ctx.get("min_length")
+        return f"{value!r} has too few items: list at least {least}"
     if kind in _BOUNDS:
         key, sign = _BOUNDS[kind]
         return f"{value!r} is out of range: use a value {sign} {ctx.get(key):g}"
