@@ -25,7 +25,8 @@ DAY, STEP = 86_400, 60
 
 @dataclass(frozen=True)
 class Workload:
-    """A Deployment with one container whose demand is known."""
+    """A workload (a Deployment unless ``kind`` says otherwise) with one container whose
+    demand is known."""
 
     namespace: str
     name: str
@@ -56,6 +57,10 @@ class Workload:
     """Its pods' names, when they are real pods (an in-place canary's own history); empty:
     names as the ReplicaSet controller makes them, of pods gone by now."""
 
+    kind: str = "Deployment"
+    """Deployment, StatefulSet or DaemonSet: its pods are named as its controller names
+    them, and :func:`deploy` makes its object."""
+
     def period_of(self, pod: int) -> float:
         """The CFS period of the node pod number ``pod`` runs on, s."""
         return self.cfs_periods[pod % len(self.cfs_periods)] if self.cfs_periods else 0.1
@@ -64,10 +69,20 @@ class Workload:
     def replicaset(self) -> str:
         return f"{self.name}-{self.template_hash}"
 
+    @property
+    def ref(self) -> str:
+        """As unthrottle names it: ``checkout``, ``statefulset/db``."""
+        return self.name if self.kind == "Deployment" else f"{self.kind.lower()}/{self.name}"
+
     def pod_names(self) -> list[str]:
-        """Names as the ReplicaSet controller makes them (``<rs>-<5 chars>``)."""
+        """Names as its controller makes them: ``<rs>-<5 chars>`` (a Deployment's ReplicaSet),
+        ``<statefulset>-<ordinal>``, ``<daemonset>-<5 chars>``."""
         if self.names:
             return list(self.names)
+        if self.kind == "StatefulSet":
+            return [f"{self.name}-{p}" for p in range(self.pods)]
+        if self.kind == "DaemonSet":
+            return [f"{self.name}-{'bcdfg'[p]}7q9w" for p in range(self.pods)]
         return [f"{self.replicaset}-{'bcdfg'[p]}2x4k" for p in range(self.pods)]
 
     def throttled_share(self) -> float:
@@ -117,19 +132,27 @@ def openmetrics(workloads: list[Workload], end: int, span: int = DAY, step: int 
 
 
 def deployment(w: Workload) -> dict[str, Any]:
-    """The Deployment object."""
+    """The workload's object: a Deployment, or a StatefulSet or DaemonSet of ``w.kind``."""
     env = [{"name": k, "value": v} for k, v in w.env]
+    kind_spec: dict[str, Any] = {"replicas": w.pods}
+    placement: dict[str, Any] = {}
+    if w.kind == "StatefulSet":
+        kind_spec.update(serviceName=w.name, podManagementPolicy="Parallel")
+    elif w.kind == "DaemonSet":
+        kind_spec = {}
+    if w.kind != "Deployment":  # kwok's nodes only: no pod of theirs on the real node
+        placement = {"nodeSelector": {"type": "kwok"}}
     return {
         "apiVersion": "apps/v1",
-        "kind": "Deployment",
+        "kind": w.kind,
         "metadata": {"namespace": w.namespace, "name": w.name, "labels": dict(w.labels),
                      "annotations": dict(w.annotations)},
         "spec": {
-            "replicas": w.pods,
+            **kind_spec,
             "selector": {"matchLabels": {"app": w.name}},
             "template": {
                 "metadata": {"labels": {"app": w.name}},
-                "spec": {"containers": [{
+                "spec": {**placement, "containers": [{
                     "name": w.container, "image": "registry.example/shop:1",
                     "env": env,
                     "resources": {"limits": {"cpu": f"{round(w.limit * 1000)}m"},
@@ -156,9 +179,12 @@ def deploy(kube: Any, workloads: list[Workload]) -> list[Workload]:
             kube.create_namespace(renamed[w.namespace])
     placed = [replace(w, namespace=renamed[w.namespace]) for w in workloads]
     for w in placed:
-        kube.create("apps/v1/deployments", deployment(w))
+        kube.create(f"apps/v1/{w.kind.lower()}s", deployment(w))
     out = []
     for w in placed:
+        if w.kind != "Deployment":  # its pods are its own: no ReplicaSet, no template hash
+            out.append(w)
+            continue
         rs = kube.replicaset_of(kube.rolled_out(w.namespace, w.name))
         out.append(replace(w, template_hash=rs["metadata"]["labels"]["pod-template-hash"]))
     return out

@@ -149,6 +149,6 @@ def test_pods_and_replicasets_are_owned_through_the_controllers_references(
     assert len(live) == 2 and owners.pods == {(ns, pod): "checkout" for pod in live}
     # a pod of the old ReplicaSet, gone in the rollout, is found by its generated name
     gone = f"{first['metadata']['name']}-x7k2b"
-    assert owners.deployment_of(ns, gone) == "checkout"
-    assert owners.deployment_of(ns, "bare") is None  # no owner: not a Deployment's
+    assert owners.workload_of(ns, gone) == "checkout"
+    assert owners.workload_of(ns, "bare") is None  # no owner: not a Deployment's
     assert all(namespace == ns for namespace, _ in owners.pods)  # the namespace boundary

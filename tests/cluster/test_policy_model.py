@@ -359,6 +359,8 @@ lastGoodRun: "2026-12-01T10:00:00Z"
 summary: {deployments: 40, containers: 70, overTarget: 15, worstThrottleRatio: 0.41, leftOut: 0}
 workloads:
 - deployment: checkout
+  kind: Deployment
+  name: checkout
   state: Recommended
   message: "limit too low"
   containers:

@@ -99,9 +99,9 @@ def test_deployments_containers_and_pod_owners_come_from_the_api(
     owners = store.pod_owners([namespace])
     pods = [p.metadata.name for p in apis[0].list_namespaced_pod(namespace).items]
     assert len(pods) >= 2
-    assert all(owners.deployment_of(namespace, pod) == "web" for pod in pods)
+    assert all(owners.workload_of(namespace, pod) == "web" for pod in pods)
     # the names the ReplicaSet controller gives are the ones gone pods are known by
-    assert all(owners.deployment_of(namespace, pod[:-5] + "zzzzz") == "web" for pod in pods)
+    assert all(owners.workload_of(namespace, pod[:-5] + "zzzzz") == "web" for pod in pods)
 
 
 @pytest.mark.skipif(

@@ -26,7 +26,10 @@ from unthrottle.units import format_cpu
 def test_a_namespace_without_deployments_is_an_error(prometheus: str) -> None:
     out = cli("--prometheus", prometheus, "--no-cluster", "--namespace", "empty", "--window", "1h")
     assert out.returncode == 1
-    assert "no Deployments found in empty" in out.stderr
+    assert "no Deployments, StatefulSets or DaemonSets found in empty" in out.stderr
+    only = cli("--prometheus", prometheus, "--no-cluster", "--namespace", "empty", "--window",
+               "1h", "--kind", "deploy")  # fmt: skip
+    assert only.returncode == 1 and "no Deployments found in empty" in only.stderr
 
 
 @pytest.mark.parametrize(
@@ -127,7 +130,7 @@ def test_a_limit_made_from_throttled_data_is_shown_as_a_range(prometheus: str) -
     assert 0 < low < high
     assert any(f"between {low}m and {high}m" in r and "refines" in r for r in rec["reasons"])
     table = cli(*args, "--format", "csv")
-    row = next(r for r in table.stdout.splitlines() if r.startswith("shop,api,"))
+    row = next(r for r in table.stdout.splitlines() if r.startswith("shop,Deployment,api,api,"))
     assert f"({format_cpu(low)}–{format_cpu(high)})" in row
     for w in doc["workloads"]:  # not throttled past the target: one value
         for c in w["containers"]:

@@ -362,7 +362,8 @@ class TestRegistry:
         # the same columns as a report with rows: a script reading them by name reads both
         full = _csv(Report.from_scan(synthetic(1, 1), window="7d"))
         assert _csv(empty) == [full[0]]
-        assert len(full[0]) == 16 and full[0][:3] == ["namespace", "deployment", "container"]
+        assert len(full[0]) == 18
+        assert full[0][:5] == ["namespace", "kind", "name", "deployment", "container"]
         table = str(render(empty, "table")).splitlines()
         assert table[0].strip() == "unthrottle recommend: window 7d, target 0.05"
         assert "recommended limit" in table[2] and len(table) == 5  # header, no row

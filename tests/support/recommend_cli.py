@@ -240,7 +240,9 @@ def test_a_selector_chooses_deployments_from_kube_state_metrics_labels(prometheu
     assert out.returncode == 1
     assert "--metric-labels-allowlist=deployments" in out.stderr
     out = cli("--prometheus", prometheus, "--no-cluster", "--namespace", "shop", "-l", "tier=nope")
-    assert out.returncode == 1 and "no Deployments found in shop matching 'tier=nope'" in out.stderr
+    assert out.returncode == 1
+    assert ("no Deployments, StatefulSets or DaemonSets found in shop matching 'tier=nope'"
+            in out.stderr)  # fmt: skip
 
 
 @requires_prometheus

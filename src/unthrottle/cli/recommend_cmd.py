@@ -1,4 +1,5 @@
-"""``unthrottle recommend``: recommendations for a cluster's Deployments from its Prometheus.
+"""``unthrottle recommend``: recommendations for a cluster's Deployments, StatefulSets and
+DaemonSets from its Prometheus.
 
 In three steps: every option is checked before any work (:func:`_request`, the
 Prometheus options, ``--output``, the kubeconfig), the scan runs under the overall
@@ -39,12 +40,21 @@ from unthrottle.evidence.fetching import CONCURRENCY, QUERIES_WITH_OWNERS
 from unthrottle.kube.workloads import DeploymentInfo, KubeWorkloadStore, WorkloadStore
 from unthrottle.metrics.promql import recording_rules
 from unthrottle.metrics.source import MetricsError, PrometheusSource
-from unthrottle.model.owners import Owners
+from unthrottle.model.owners import DEPLOYMENT, KINDS, Owners
 from unthrottle.model.selector import SelectorError, parse_selector
 from unthrottle.recommend import Policy, PolicyError, Strategy
 from unthrottle.report import DIRECTORY_FORMATS, Report, render
 from unthrottle.report.html import MAX_PLOTS
-from unthrottle.scan import History, ScanError, ScanRequest, assess, gather, select, with_series
+from unthrottle.scan import (
+    History,
+    ScanError,
+    ScanRequest,
+    assess,
+    gather,
+    kinds_text,
+    select,
+    with_series,
+)
 from unthrottle.scan.advise import usable_cpus
 from unthrottle.units import parse_cpu
 
@@ -70,15 +80,18 @@ class _Described:
     def __init__(self, store: WorkloadStore, timeout_s: float) -> None:
         self.store, self.timeout_s = store, timeout_s
 
-    def deployments(self, namespaces: Iterable[str]) -> list[DeploymentInfo]:
+    def deployments(
+        self, namespaces: Iterable[str], kinds: tuple[str, ...] = (DEPLOYMENT,)
+    ) -> list[DeploymentInfo]:
         try:
-            return self.store.deployments(namespaces)
+            return self.store.deployments(namespaces, kinds)
         except Exception as error:
             raise RuntimeError(describe_kube_error(error, self.timeout_s)) from None
 
-    def pod_owners(self, namespaces: Iterable[str]) -> Owners:
+    def pod_owners(self, namespaces: Iterable[str], kinds: tuple[str, ...] = (DEPLOYMENT,)
+                   ) -> Owners:  # fmt: skip
         try:
-            return self.store.pod_owners(namespaces)
+            return self.store.pod_owners(namespaces, kinds)
         except Exception as error:
             raise RuntimeError(describe_kube_error(error, self.timeout_s)) from None
 
@@ -109,9 +122,30 @@ def _cpu(value: str, option: str) -> int:
         raise fail(f"{option}: {value!r} is not a CPU quantity (500m, 2)", 2) from None
 
 
+_KIND_NAMES = {**{k.lower(): k for k in KINDS}, "deploy": DEPLOYMENT, "sts": "StatefulSet",
+               "ds": "DaemonSet"}  # fmt: skip
+"""``--kind`` as kubectl takes kinds: any case, plural or short (deploy, sts, ds)."""
+
+
+def _kinds(given: list[str] | None) -> tuple[str, ...]:
+    """The kinds ``--kind`` names, in :data:`KINDS` order; every kind when none is given."""
+    if not given:
+        return KINDS
+    found = set()
+    for value in given:
+        for part in (p.strip() for p in value.split(",") if p.strip()):
+            kind = _KIND_NAMES.get(part.lower()) or _KIND_NAMES.get(part.lower().removesuffix("s"))
+            if kind is None:
+                raise fail(f"--kind: {part!r} is not one of {', '.join(KINDS)} (a Job's or a "
+                           "CronJob's pods run to completion: no limit to size)", 2)  # fmt: skip
+            found.add(kind)
+    return tuple(k for k in KINDS if k in found)
+
+
 def _request(*, window: str, target: float, strategy: Strategy, namespace: list[str] | None,
              selector: str, history: str, concurrency: int, jobs: int | None,
-             top: int | None, cfs_period: str, bounds: dict[str, Any]) -> ScanRequest:  # fmt: skip
+             top: int | None, cfs_period: str, bounds: dict[str, Any],
+             kinds: tuple[str, ...] = KINDS) -> ScanRequest:  # fmt: skip
     """The scan request, every option in it checked and named when bad."""
     window_s = checks.duration(window, "--window", at_least_s=60)
     period_us = checks.cfs_period(cfs_period, "--cfs-period")
@@ -143,7 +177,7 @@ def _request(*, window: str, target: float, strategy: Strategy, namespace: list[
         window_s=window_s, now=time.time(), policy=policy,
         namespaces=checks.names(namespace, "--namespace"), selector=wanted,
         history=History(history), concurrency=concurrency, jobs=jobs,
-        cfs_period_us=period_us, cfs_period_from="--cfs-period",
+        cfs_period_us=period_us, cfs_period_from="--cfs-period", kinds=kinds,
     )  # fmt: skip
 
 
@@ -166,7 +200,7 @@ def _scan(request: ScanRequest, run: _Run, *, plots: bool = False) -> Report:
 
         try:
             if run.store is not None:
-                step(f"reading Deployments from the Kubernetes API at {kube_server()}")
+                step(f"reading {kinds_text(request)} from the Kubernetes API at {kube_server()}")
             else:
                 step(f"asking Prometheus at {run.prometheus}")
             selection = select(request, run.store, run.source)
@@ -246,9 +280,18 @@ def recommend_command(
         typer.Option(
             "--selector",
             "-l",
-            help="Deployment label selector, as kubectl -l: app=web,tier!=batch.",
+            help="Workload label selector, as kubectl -l: app=web,tier!=batch.",
         ),
     ] = "",
+    kind: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--kind",
+            show_default=False,
+            help="Kinds of workload to cover (repeat, or a,b): Deployment, StatefulSet, "
+            "DaemonSet [default: all three].",
+        ),
+    ] = None,
     bearer_token: BearerToken = None,
     basic_auth: BasicAuth = None,
     retries: Retries = 3,
@@ -257,7 +300,7 @@ def recommend_command(
     ] = CONCURRENCY,
     top: Annotated[
         int | None,
-        typer.Option(show_default=False, help="Only the N most harmful Deployments."),
+        typer.Option(show_default=False, help="Only the N most harmful workloads."),
     ] = None,
     history: Annotated[
         str,
@@ -288,7 +331,8 @@ def recommend_command(
         ),
     ] = "100ms",
 ) -> None:
-    """Recommend CPU limits, burst and GOMAXPROCS for Deployments from Prometheus metrics."""
+    """Recommend CPU limits, burst and GOMAXPROCS for Deployments, StatefulSets and DaemonSets
+    from Prometheus metrics."""
     config = prometheus_config(  # first: it hides the secrets from anything printed after
         prometheus, bearer_token=bearer_token, bearer_token_file=bearer_token_file,
         basic_auth=basic_auth, ca_bundle=ca_bundle, insecure=insecure, header=header,
@@ -301,7 +345,8 @@ def recommend_command(
                        jobs=jobs_option, top=top, cfs_period=cfs_period,
                        bounds={"headroom": headroom, "min_limit": min_limit,
                                "max_limit": max_limit, "max_step_up": max_step_up,
-                               "max_step_down": max_step_down})  # fmt: skip
+                               "max_step_down": max_step_down},
+                       kinds=_kinds(kind))  # fmt: skip
     deadline_s = checks.duration(deadline, "--deadline")
     if no_cluster and kubeconfig is not None:
         raise fail("--kubeconfig and --no-cluster: give one or the other", 2)
@@ -313,7 +358,7 @@ def recommend_command(
     )  # fmt: skip
     report = _scan(request, run, plots=fmt in PLOTTED_FORMATS)
     if top is not None and len(report.workloads) > top:
-        say(f"showing the {top} most harmful of {len(report.workloads)} Deployments (--top)")
+        say(f"showing the {top} most harmful of {len(report.workloads)} {report.noun}s (--top)")
         report = report.top(top)
     write_output(render(report, fmt, terminal_options()), output)
 

@@ -1,10 +1,12 @@
-"""Evidence per Deployment container, from Prometheus, in a fixed number of queries.
+"""Evidence per workload container, from Prometheus, in a fixed number of queries.
 
 For a selection of namespaces, eleven queries in all, whatever the number of
-pods (nine when the caller has the owners from the Kubernetes API and leaves out
-the first two; ``recommend`` adds one for the recording rules' coverage):
-- pod → ReplicaSet and ReplicaSet → Deployment (kube-state-metrics'
-  ``kube_pod_owner``, ``kube_replicaset_owner``);
+pods and whatever the kinds of workload read (nine when the caller has the owners from the
+Kubernetes API and leaves out the first two; ``recommend`` adds one for the recording
+rules' coverage):
+- pod → ReplicaSet, StatefulSet or DaemonSet, and ReplicaSet → Deployment
+  (kube-state-metrics' ``kube_pod_owner``, ``kube_replicaset_owner``): one query for the
+  pods' owners of every kind asked for;
 - the four CPU counters, increased over the window: cAdvisor's, or the agent's
   copies where cAdvisor has none; and the agent's wait
   (``unthrottle_cpu_wait_seconds_total``), which cAdvisor does not have, with the
@@ -24,8 +26,8 @@ sent as range queries gives the evidence span by span
 (:mod:`unthrottle.evidence.incremental`), and both group their answers with
 :func:`gather`.
 
-Results are grouped in Python by (namespace, deployment, container). Summing
-increases over a Deployment's pods handles pod churn: a pod that lived an hour
+Results are grouped in Python by (namespace, workload, container). Summing
+increases over a workload's pods handles pod churn: a pod that lived an hour
 of the window adds an hour of periods. Usage per active period, rather than
 per pod, keeps the average honest whatever the churn. A container with no
 periods at all has evidence ``none``, and no recommendation is made from it.
@@ -60,7 +62,7 @@ from unthrottle.metrics.promql import (
     selector,
 )
 from unthrottle.metrics.source import MetricsError, MetricsSource
-from unthrottle.model.owners import Owners
+from unthrottle.model.owners import DEPLOYMENT, KINDS, Owners, ref
 
 _log = logging.getLogger(__name__)
 
@@ -85,7 +87,12 @@ def metric_of(promql: str) -> str:
 
 
 def queries(
-    namespaces: list[str], window_s: int, *, with_owners: bool, recorded: bool = False
+    namespaces: list[str],
+    window_s: int,
+    *,
+    with_owners: bool,
+    recorded: bool = False,
+    kinds: tuple[str, ...] = (DEPLOYMENT,),
 ) -> dict[str, str]:
     """Every query :func:`fetch` sends, by name, in the order its answers are used.
 
@@ -97,7 +104,8 @@ def queries(
         evidence = {name: recorded_query(name, namespaces, window_s) for name in EVIDENCE_QUERIES}
     else:
         evidence = increase_queries(namespaces, window)
-    return batch_queries(namespaces, evidence, owners_window=window if with_owners else None)
+    return batch_queries(namespaces, evidence, owners_window=window if with_owners else None,
+                         kinds=kinds)  # fmt: skip
 
 
 def increase_queries(namespaces: list[str], window: str) -> dict[str, str]:
@@ -114,16 +122,30 @@ def increase_queries(namespaces: list[str], window: str) -> dict[str, str]:
     return out
 
 
+POD_OWNER_KIND = {DEPLOYMENT: "ReplicaSet", "StatefulSet": "StatefulSet",
+                  "DaemonSet": "DaemonSet"}  # fmt: skip
+"""The ``owner_kind`` of ``kube_pod_owner`` for a workload's pods, by the workload's kind."""
+
+
 def batch_queries(
-    namespaces: list[str], evidence: dict[str, str], *, owners_window: str | None
+    namespaces: list[str],
+    evidence: dict[str, str],
+    *,
+    owners_window: str | None,
+    kinds: tuple[str, ...] = (DEPLOYMENT,),
 ) -> dict[str, str]:
     """Owners over ``owners_window`` (None: they are known), the ``evidence`` queries, then
-    today's limits and requests: every query of a batch, in the order answers are used."""
+    today's limits and requests: every query of a batch, in the order answers are used.
+    ``kinds``: the kinds of workload whose pods' owners are read (one query whatever they
+    are)."""
     ns = namespaces_matcher(namespaces)
     out = {}
     if owners_window is not None:  # every owner seen in the window: pods that are gone count too
         rs = selector("kube_replicaset_owner", ns, 'owner_kind="Deployment"')
-        pods = selector("kube_pod_owner", ns, 'owner_kind="ReplicaSet"')
+        owner_kinds = [POD_OWNER_KIND[k] for k in KINDS if k in kinds]
+        match = (f'owner_kind="{owner_kinds[0]}"' if len(owner_kinds) == 1
+                 else f'owner_kind=~"{"|".join(owner_kinds)}"')  # fmt: skip
+        pods = selector("kube_pod_owner", ns, match)
         out["replicaset_owners"] = f"last_over_time({rs}[{owners_window}])"
         out["pod_owners"] = f"last_over_time({pods}[{owners_window}])"
     out.update(evidence)
@@ -159,7 +181,7 @@ def split_namespaces(namespaces: list[str], owners: Owners | None) -> list[str]:
         return sorted(set(namespaces))
     if owners is None:
         return []
-    return sorted({ns for ns, _ in owners.pods} | {ns for ns, _ in owners.replicasets})
+    return sorted(owners.namespaces())
 
 
 class Labelled(Protocol):
@@ -169,34 +191,61 @@ class Labelled(Protocol):
     def labels(self) -> dict[str, str]: ...
 
 
-def owners_of(replicasets: Iterable[Labelled], pods: Iterable[Labelled]) -> Owners:
-    """Pods and ReplicaSets → Deployment, from kube-state-metrics."""
+def owners_of(
+    replicasets: Iterable[Labelled],
+    pods: Iterable[Labelled],
+    kinds: tuple[str, ...] = (DEPLOYMENT,),
+) -> Owners:
+    """Pods and ReplicaSets → their workload, from kube-state-metrics: a pod through its
+    ReplicaSet to its Deployment, or straight to its StatefulSet or DaemonSet; only
+    workloads of ``kinds``."""
     owners = Owners()
-    for s in replicasets:  # a series without the labels kube-state-metrics gives is skipped
-        ns, rs, deploy = (s.labels.get(k) for k in ("namespace", "replicaset", "owner_name"))
-        if ns and rs and deploy:
-            owners.replicasets[(ns, rs)] = deploy
+    if DEPLOYMENT in kinds:
+        for s in replicasets:  # a series without the labels kube-state-metrics gives: skipped
+            ns, rs, deploy = (s.labels.get(k) for k in ("namespace", "replicaset", "owner_name"))
+            if ns and rs and deploy:
+                owners.replicasets[(ns, rs)] = deploy
+    direct = {POD_OWNER_KIND[k]: k for k in kinds if k != DEPLOYMENT}
     for s in pods:
-        ns, pod, rs = (s.labels.get(k) for k in ("namespace", "pod", "owner_name"))
-        deploy = owners.replicasets.get((ns or "", rs or ""))
-        if pod and deploy is not None:
-            owners.pods[(ns or "", pod)] = deploy
+        ns, pod, owner = (s.labels.get(k) for k in ("namespace", "pod", "owner_name"))
+        if not (ns and pod and owner):
+            continue
+        kind = direct.get(s.labels.get("owner_kind", ""))
+        if kind is not None:
+            owners.direct[(ns, owner)] = kind
+            owners.pods[(ns, pod)] = ref(kind, owner)
+            continue
+        deploy = owners.replicasets.get((ns, owner))
+        if deploy is not None:
+            owners.pods[(ns, pod)] = deploy
     return owners
 
 
 def deployment_labels(
-    source: MetricsSource, namespaces: list[str], at: float | None = None
+    source: MetricsSource,
+    namespaces: list[str],
+    at: float | None = None,
+    kinds: tuple[str, ...] = (DEPLOYMENT,),
 ) -> dict[tuple[str, str], dict[str, str]]:
-    """(namespace, Deployment) → its ``kube_deployment_labels`` series labels (one query).
+    """(namespace, workload reference) → its ``kube_deployment_labels`` (or
+    ``kube_statefulset_labels``, ``kube_daemonset_labels``) series labels, for the workloads
+    of ``kinds``: one query.
 
-    kube-state-metrics exports a Deployment's labels only when allowed
-    (``--metric-labels-allowlist=deployments=[...]``); an empty answer may mean that.
+    kube-state-metrics exports a workload's labels only when allowed
+    (``--metric-labels-allowlist=deployments=[...],statefulsets=[...]``); an empty answer
+    may mean that.
     """
     ns = namespaces_matcher(namespaces)
-    return {
-        (s.labels.get("namespace", ""), s.labels.get("deployment", "")): s.labels
-        for s in source.instant(selector("kube_deployment_labels", ns), at)
-    }
+    wanted = [k for k in KINDS if k in kinds]
+    promql = " or ".join(selector(f"kube_{k.lower()}_labels", ns) for k in wanted)
+    out = {}
+    for s in source.instant(promql, at):
+        for kind in wanted:  # told apart by the label that names the workload
+            name = s.labels.get(kind.lower())
+            if name:
+                out[(s.labels.get("namespace", ""), ref(kind, name))] = s.labels
+                break
+    return out
 
 
 def fetch(
@@ -209,8 +258,10 @@ def fetch(
     on_query: Callable[[str], None] | None = None,
     concurrency: int = CONCURRENCY,
     recorded: bool = False,
+    kinds: tuple[str, ...] = (DEPLOYMENT,),
 ) -> dict[WorkloadKey, ContainerEvidence]:
-    """Every Deployment container of these namespaces (all when empty), with its evidence.
+    """Every container of the workloads of ``kinds`` in these namespaces (all when empty),
+    with its evidence.
 
     ``owners`` comes from the Kubernetes API when there is cluster access; without it,
     kube-state-metrics is asked (two more queries). Pods gone before the end of the
@@ -227,7 +278,8 @@ def fetch(
     with_owners = owners is None
 
     def build(names: list[str]) -> dict[str, str]:
-        return queries(names, window_s, with_owners=with_owners, recorded=recorded)
+        return queries(names, window_s, with_owners=with_owners, recorded=recorded,
+                       kinds=kinds)  # fmt: skip
 
     def parts() -> list[str]:  # the owners known by the time a query is refused
         return split_namespaces(namespaces, owners)
@@ -236,7 +288,7 @@ def fetch(
         answer = in_flight(pool, lambda _, promql: source.instant(promql, at), build(namespaces),
                            build, parts, on_query)  # fmt: skip
         if owners is None:
-            owners = owners_of(answer("replicaset_owners"), answer("pod_owners"))
+            owners = owners_of(answer("replicaset_owners"), answer("pod_owners"), kinds)
 
         def points(name: str) -> Iterator[Points]:
             return ((s.labels, _FIRST_STEP, (s.value,)) for s in answer(name))

@@ -68,7 +68,7 @@ def gather(
     def owner(ident: tuple[str, str, str]) -> tuple[WorkloadKey, str] | None:
         if ident in seen:
             return seen[ident]
-        deploy = owners.deployment_of(ident[0], ident[1])
+        deploy = owners.workload_of(ident[0], ident[1])
         item = None
         if deploy is not None and ident[2] and ident[2] != "POD":
             item = (WorkloadKey(ident[0], deploy, ident[2]), ident[1])

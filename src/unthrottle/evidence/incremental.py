@@ -69,7 +69,7 @@ from unthrottle.evidence.fetching import (
 from unthrottle.evidence.gathering import gather
 from unthrottle.metrics.promql import RECORDED, namespaces_matcher, recorded_by, selector
 from unthrottle.metrics.source import MetricsSource, RangeSeries
-from unthrottle.model.owners import Owners
+from unthrottle.model.owners import DEPLOYMENT, Owners
 
 _OWNER_QUERIES = ("replicaset_owners", "pod_owners")
 MIN_STEP_MS = 60_000
@@ -106,7 +106,12 @@ def steps(start: float, end: float, slot_s: float) -> Steps:
 
 
 def range_queries(
-    namespaces: list[str], plan: Steps, *, with_owners: bool, recorded: bool = False
+    namespaces: list[str],
+    plan: Steps,
+    *,
+    with_owners: bool,
+    recorded: bool = False,
+    kinds: tuple[str, ...] = (DEPLOYMENT,),
 ) -> dict[str, str]:
     """Every query :func:`fetch_slots` sends, by name, in the order its answers are used."""
     step = f"{plan.step_ms}ms"
@@ -121,7 +126,7 @@ def range_queries(
     else:
         evidence = increase_queries(namespaces, step)
     owners_window = f"{plan.step_ms * plan.n}ms" if with_owners else None
-    return batch_queries(namespaces, evidence, owners_window=owners_window)
+    return batch_queries(namespaces, evidence, owners_window=owners_window, kinds=kinds)
 
 
 def fetch_slots(
@@ -135,9 +140,10 @@ def fetch_slots(
     concurrency: int = CONCURRENCY,
     on_query: Callable[[str], None] | None = None,
     recorded: bool = False,
+    kinds: tuple[str, ...] = (DEPLOYMENT,),
 ) -> list[Slot]:
-    """The evidence of every Deployment container of these namespaces (all when empty),
-    span by span: consecutive spans of :func:`steps` from ``start``, none when
+    """The evidence of every container of the workloads of ``kinds`` in these namespaces
+    (all when empty), span by span: consecutive spans of :func:`steps` from ``start``, none when
     ``end <= start``.
 
     Arguments as :func:`~unthrottle.evidence.fetching.fetch`'s. Owners not given are read
@@ -154,7 +160,8 @@ def fetch_slots(
     with_owners = owners is None
 
     def build(names: list[str]) -> dict[str, str]:
-        return range_queries(names, plan, with_owners=with_owners, recorded=recorded)
+        return range_queries(names, plan, with_owners=with_owners, recorded=recorded,
+                             kinds=kinds)  # fmt: skip
 
     def send(name: str, promql: str) -> list[RangeSeries]:
         return source.range(promql, last if name in _OWNER_QUERIES else first, last, step_s)
@@ -165,7 +172,7 @@ def fetch_slots(
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
         answer = in_flight(pool, send, build(namespaces), build, parts, on_query)
         if owners is None:
-            owners = owners_of(answer("replicaset_owners"), answer("pod_owners"))
+            owners = owners_of(answer("replicaset_owners"), answer("pod_owners"), kinds)
 
         def points(name: str) -> Iterator[Points]:
             return _points(answer(name), plan)

@@ -2,12 +2,14 @@
 draw, read only for the containers plotted, in a handful of batched range queries.
 
 One range query per counter (CPU usage, CFS periods, throttled periods) for every plotted
-container at once: a regex matcher names their Deployments' pods by the names the
-ReplicaSet controller gives them (``<deployment>-<template hash>-<5 characters>``), so
-pods gone by now are read too, and a pod's Deployment is its name without the last two
-parts. Never one query per Deployment: a batch is split only when its pod pattern would
-pass :data:`MAX_PATTERN_CHARS`, or when Prometheus refuses it as too big (in halves).
-So 3 queries up to about 100 plotted Deployments, 3 more per hundred beyond.
+container at once: a regex matcher names their workloads' pods by the names their
+controllers give them (``<deployment>-<template hash>-<5 characters>``,
+``<statefulset>-<ordinal>``, ``<daemonset>-<5 characters>``:
+:data:`~unthrottle.model.owners.POD_SUFFIX`), so pods gone by now are read too, and a pod's
+workload is told from its name (:func:`~unthrottle.model.owners.workload_of_pod_name`).
+Never one query per workload: a batch is split only when its pod pattern would pass
+:data:`MAX_PATTERN_CHARS`, or when Prometheus refuses it as too big (in halves). So 3
+queries up to about 100 plotted workloads, 3 more per hundred beyond.
 
 The agent's copies of the counters fill in where cAdvisor has none, as in
 :mod:`unthrottle.evidence.fetching`.
@@ -30,6 +32,7 @@ from unthrottle.metrics.promql import (
     string,
 )
 from unthrottle.metrics.source import MetricsError, MetricsSource, RangeSeries
+from unthrottle.model.owners import POD_SUFFIX, kind_and_name, workload_of_pod_name
 
 MAX_POINTS = 240
 """Steps a plot's series has at most: a plot 6.4 inches wide shows no more."""
@@ -40,9 +43,6 @@ _NICE_STEPS = (300, 600, 900, 1800, 3600, 7200, 10_800, 21_600, 43_200, 86_400)
 MAX_PATTERN_CHARS = 4000
 """The longest pod pattern of one query (about 100 Deployments): the query travels in a
 URL, which proxies in front of Prometheus cut at 8 kB."""
-_SUFFIX = "-[a-z0-9]+-[bcdfghjklmnpqrstvwxz2456789]{5}"
-"""A pod's name after its Deployment's: the template hash, then the ReplicaSet
-controller's suffix (k8s.io/apimachinery's rand.String alphabet)."""
 SERIES_QUERIES = ("usage_seconds", "periods", "throttled_periods")
 
 
@@ -81,10 +81,15 @@ class ContainerSeries:
         return throttled / periods if periods >= 1 else None
 
 
-def pods_pattern(deployments: Iterable[str]) -> str:
-    """An RE2 pattern (anchored by PromQL) for the pods of these Deployments."""
-    names = "|".join(regex_literal(d) for d in sorted(set(deployments)))
-    return f"({names}){_SUFFIX}"
+def pods_pattern(workloads: Iterable[str]) -> str:
+    """An RE2 pattern (anchored by PromQL) for the pods of these workloads (references:
+    :func:`~unthrottle.model.owners.ref`), one alternative per kind present."""
+    by_kind: dict[str, list[str]] = {}
+    for reference in sorted(set(workloads)):
+        kind, name = kind_and_name(reference)
+        by_kind.setdefault(kind, []).append(regex_literal(name))
+    parts = [f"({'|'.join(names)}){POD_SUFFIX[kind]}" for kind, names in by_kind.items()]
+    return parts[0] if len(parts) == 1 else "|".join(f"({p})" for p in parts)
 
 
 def series_queries(namespaces: Iterable[str], deployments: Iterable[str],
@@ -109,11 +114,6 @@ def batches(keys: Iterable[WorkloadKey]) -> list[list[tuple[str, str]]]:
         out[-1].append(pair)
         size += cost
     return [b for b in out if b]
-
-
-def deployment_of(pod: str) -> str:
-    """``web-7c9d8f-x2b4k`` → ``web``."""
-    return pod.rsplit("-", 2)[0]
 
 
 def fetch_series(
@@ -161,9 +161,12 @@ def _grouped(wanted: set[WorkloadKey], answers: dict[str, list[RangeSeries]],
     per: dict[WorkloadKey, dict[float, list[float]]] = {}  # time → [periods, throttled, …]
     usage: dict[WorkloadKey, dict[float, list[float]]] = {}  # time → each pod's cores
 
+    names = frozenset(k.deployment for k in wanted)
+
     def key_of(s: RangeSeries) -> WorkloadKey | None:
         ns, pod, container = (s.labels.get(k, "") for k in ("namespace", "pod", "container"))
-        key = WorkloadKey(ns, deployment_of(pod), container)
+        reference = workload_of_pod_name(pod, names)
+        key = None if reference is None else WorkloadKey(ns, reference, container)
         return key if key in wanted else None
 
     for index, name in enumerate(("periods", "throttled_periods")):

@@ -36,7 +36,7 @@ class PodLevel:
             values: Sequence[float]) -> None:  # fmt: skip
         """A pod cgroup's series (of a Deployment's pod; others are not evidence)."""
         ns, pod = labels.get("namespace", ""), labels.get("pod", "")
-        if name not in POD_COUNTERS or owners.deployment_of(ns, pod) is None:
+        if name not in POD_COUNTERS or owners.workload_of(ns, pod) is None:
             return
         for k, value in zip(at, values, strict=False):
             if math.isfinite(value):

@@ -1,4 +1,5 @@
-"""Deployments, their containers' CPU settings and runtimes, and which pods they own.
+"""Workloads (Deployments, StatefulSets, DaemonSets), their containers' CPU settings and
+runtimes, and which pods they own.
 
 Read through :class:`WorkloadStore`, a narrow interface; :class:`KubeWorkloadStore`
 serves it from the API (raw JSON: only the fields needed are read, so objects
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from unthrottle.model.burst import BurstAnnotationError, BurstSpec, burst_specs, spec_for
-from unthrottle.model.owners import Owners
+from unthrottle.model.owners import DAEMONSET, DEPLOYMENT, STATEFULSET, Owners, ref
 from unthrottle.model.runtime import Runtime
 from unthrottle.units import parse_cpu, quota_of
 
@@ -54,7 +55,8 @@ class ContainerSpec:
 
 @dataclass(frozen=True, slots=True)
 class DeploymentInfo:
-    """A Deployment and its template's containers."""
+    """A workload (a Deployment unless :attr:`kind` says otherwise) and its template's
+    containers."""
 
     namespace: str
     name: str
@@ -64,17 +66,27 @@ class DeploymentInfo:
     """The Deployment's own annotations (``unthrottle.io/ignore`` opts it out)."""
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
     """The object as the API served it (Apply mode reads its record, status and template)."""
+    kind: str = DEPLOYMENT
+
+    @property
+    def ref(self) -> str:
+        """Its reference (:func:`~unthrottle.model.owners.ref`): the name of a Deployment."""
+        return ref(self.kind, self.name)
 
 
 class WorkloadStore(Protocol):
     """What the recommender needs of the cluster."""
 
-    def deployments(self, namespaces: Iterable[str]) -> list[DeploymentInfo]:
-        """Deployments in these namespaces (all when empty)."""
+    def deployments(
+        self, namespaces: Iterable[str], kinds: tuple[str, ...] = (DEPLOYMENT,)
+    ) -> list[DeploymentInfo]:
+        """Workloads of ``kinds`` in these namespaces (all when empty)."""
         ...
 
-    def pod_owners(self, namespaces: Iterable[str]) -> Owners:
-        """Pods (through their ReplicaSet) and ReplicaSets → the Deployment that owns them."""
+    def pod_owners(self, namespaces: Iterable[str], kinds: tuple[str, ...] = (DEPLOYMENT,)
+                   ) -> Owners:  # fmt: skip
+        """Pods → the workload of ``kinds`` that owns them (a Deployment's through their
+        ReplicaSet), and the ReplicaSets, StatefulSets and DaemonSets known."""
         ...
 
 
@@ -114,9 +126,9 @@ def _with_burst(
 
 
 def _owner(meta: dict[str, Any], kind: str) -> str | None:
-    for ref in meta.get("ownerReferences") or []:
-        if ref.get("kind") == kind and ref.get("controller", True):
-            return str(ref.get("name"))
+    for owner in meta.get("ownerReferences") or []:
+        if owner.get("kind") == kind and owner.get("controller", True):
+            return str(owner.get("name"))
     return None
 
 
@@ -143,14 +155,27 @@ class KubeWorkloadStore:
             out += self._items(namespaced(ns, **options))
         return out
 
-    def deployments(self, namespaces: Iterable[str]) -> list[DeploymentInfo]:
-        """Deployments with their template containers."""
-        out = []
+    def _workloads(self, kind: str, namespaces: list[str]) -> list[dict[str, Any]]:
         apps = self.apps
-        listed = self._list(
+        if kind == STATEFULSET:
+            return self._list(apps.list_namespaced_stateful_set,
+                              apps.list_stateful_set_for_all_namespaces, namespaces)  # fmt: skip
+        if kind == DAEMONSET:
+            return self._list(apps.list_namespaced_daemon_set,
+                              apps.list_daemon_set_for_all_namespaces, namespaces)  # fmt: skip
+        return self._list(
             apps.list_namespaced_deployment, apps.list_deployment_for_all_namespaces, namespaces
         )
-        for item in listed:
+
+    def deployments(
+        self, namespaces: Iterable[str], kinds: tuple[str, ...] = (DEPLOYMENT,)
+    ) -> list[DeploymentInfo]:
+        """Workloads of ``kinds`` with their template containers (one LIST per kind and
+        namespace)."""
+        out = []
+        selected = list(namespaces)
+        listed = [(kind, item) for kind in kinds for item in self._workloads(kind, selected)]
+        for kind, item in listed:
             meta = item.get("metadata", {})
             pod_template = (item.get("spec") or {}).get("template") or {}
             template = pod_template.get("spec") or {}
@@ -162,27 +187,42 @@ class KubeWorkloadStore:
             out.append(DeploymentInfo(meta.get("namespace", ""), meta.get("name", ""),
                                       {c.name: c for c in specs},
                                       dict(meta.get("labels") or {}),
-                                      dict(meta.get("annotations") or {}), item))  # fmt: skip
+                                      dict(meta.get("annotations") or {}), item,
+                                      kind))  # fmt: skip
         return out
 
-    def pod_owners(self, namespaces: Iterable[str]) -> Owners:
-        """Pods and ReplicaSets → Deployment (pods through their ReplicaSet)."""
+    def pod_owners(self, namespaces: Iterable[str], kinds: tuple[str, ...] = (DEPLOYMENT,)
+                   ) -> Owners:  # fmt: skip
+        """Pods → their workload of ``kinds``: a Deployment's through their ReplicaSet, a
+        StatefulSet's and a DaemonSet's directly. The StatefulSets and DaemonSets are
+        listed too, so that their pods gone by now are known by name."""
         selected = list(namespaces)
         owners = Owners()
         apps, core = self.apps, self.core
-        replica_sets = self._list(
-            apps.list_namespaced_replica_set, apps.list_replica_set_for_all_namespaces, selected
-        )
-        for rs in replica_sets:
-            meta = rs.get("metadata", {})
-            deploy = _owner(meta, "Deployment")
-            if deploy is not None:
-                owners.replicasets[(meta.get("namespace", ""), meta.get("name", ""))] = deploy
+        if DEPLOYMENT in kinds:
+            replica_sets = self._list(
+                apps.list_namespaced_replica_set, apps.list_replica_set_for_all_namespaces, selected
+            )
+            for rs in replica_sets:
+                meta = rs.get("metadata", {})
+                deploy = _owner(meta, "Deployment")
+                if deploy is not None:
+                    owners.replicasets[(meta.get("namespace", ""), meta.get("name", ""))] = deploy
+        for kind in (k for k in (STATEFULSET, DAEMONSET) if k in kinds):
+            for item in self._workloads(kind, selected):
+                meta = item.get("metadata", {})
+                owners.direct[(meta.get("namespace", ""), meta.get("name", ""))] = kind
         pods = self._list(core.list_namespaced_pod, core.list_pod_for_all_namespaces, selected)
         for pod in pods:
             meta = pod.get("metadata", {})
-            rs = _owner(meta, "ReplicaSet")
-            deploy = owners.replicasets.get((meta.get("namespace", ""), rs or ""))
-            if deploy is not None:
-                owners.pods[(meta.get("namespace", ""), meta.get("name", ""))] = deploy
+            ns = meta.get("namespace", "")
+            found = None
+            for kind in (STATEFULSET, DAEMONSET):
+                owner = _owner(meta, kind)
+                if owner is not None and owners.direct.get((ns, owner)) == kind:
+                    found = ref(kind, owner)
+            if found is None:
+                found = owners.replicasets.get((ns, _owner(meta, "ReplicaSet") or ""))
+            if found is not None:
+                owners.pods[(ns, meta.get("name", ""))] = found
         return owners

@@ -33,9 +33,11 @@ class _Status(BaseModel):
 
 
 class Summary(_Status):
-    """Totals over the policy's Deployments at the last run."""
+    """Totals over the policy's workloads at the last run."""
 
-    deployments: int = Field(0, ge=0, description="Deployments the policy selects.")
+    deployments: int = Field(
+        0, ge=0, description="Workloads the policy selects, of every kind it covers "
+        "(the field keeps the name it had when only Deployments were covered).")  # fmt: skip
     containers: int = Field(0, ge=0, description="Containers managed in them.")
     over_target: int = Field(
         0, ge=0, description="Containers throttled more than targetThrottleRatio."
@@ -105,9 +107,14 @@ class ContainerStatus(_Status):
 
 
 class WorkloadStatus(_Status):
-    """One Deployment the policy selects."""
+    """One workload the policy selects: a Deployment, a StatefulSet or a DaemonSet."""
 
-    deployment: str = Field(description="The Deployment's name.")
+    deployment: str = Field(
+        description="The workload's reference, the list's key: a Deployment's name, or "
+        "statefulset/<name>, daemonset/<name>.")  # fmt: skip
+    kind: Literal["Deployment", "StatefulSet", "DaemonSet"] = Field(
+        "Deployment", description="The workload's kind.")  # fmt: skip
+    name: str = Field("", description="The workload's name.")
     state: Literal[
         "Recommended", "UpToDate", "NoData", "Skipped", "Applied", "Verifying", "RolledBack"
     ] = Field(description="Where the Deployment stands; see docs/throttlepolicy.md.")
@@ -148,7 +155,7 @@ class ThrottlePolicyStatus(_Status):
     summary: Summary = Field(default_factory=Summary, description="Totals.")
     workloads: list[WorkloadStatus] = Field(
         default_factory=list,
-        description="The selected Deployments; those left out to keep the status small are "
+        description="The selected workloads; those left out to keep the status small are "
         "counted in summary.leftOut.",
         json_schema_extra={
             "x-kubernetes-list-type": "map",

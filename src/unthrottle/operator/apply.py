@@ -51,6 +51,7 @@ from unthrottle.kube.patching import (
 )
 from unthrottle.kube.pods import NoResizeSubresource, PodStore, running
 from unthrottle.metrics.source import MetricsError, MetricsSource
+from unthrottle.model.owners import DEPLOYMENT
 from unthrottle.model.policy import ThrottlePolicySpec
 from unthrottle.operator.changes import changes_as_read, changes_for, describe, in_ms, percent
 from unthrottle.operator.gates import rollout, skip_reason
@@ -67,6 +68,11 @@ from unthrottle.scan import (
 from unthrottle.units import format_cpu
 
 _log = logging.getLogger("unthrottle.operator")
+
+NOT_APPLIED = ("not applied: Apply changes Deployments only for now; apply this {kind}'s "
+               "recommendation from the report (its kustomize patch) or by hand")  # fmt: skip
+"""The message of a StatefulSet's or a DaemonSet's recommendation in an Apply policy: it is
+recommended (and shown, with its patch, in the report), never patched by the operator."""
 
 
 ROLLOUT_POLL_S = 5.0
@@ -124,7 +130,10 @@ class Applier:
             vpas = None
             unreadable = ("not changed: unthrottle cannot tell whether a "
                           f"VerticalPodAutoscaler controls its limits ({error})")  # fmt: skip
-        infos = selection.deployments or {}
+        for w in result.workloads:  # recommended, not applied: see NOT_APPLIED
+            if w.kind != DEPLOYMENT and states.get(w.deployment) == State.RECOMMENDED:
+                out[w.deployment] = (State.RECOMMENDED, NOT_APPLIED.format(kind=w.kind))
+        infos = {k: v for k, v in (selection.deployments or {}).items() if v.kind == DEPLOYMENT}
         records: dict[str, Record | None] = {}  # each Deployment's record, read once
         in_flight = 0
         for w in result.workloads:

@@ -22,6 +22,7 @@ from unthrottle.kube.objects import NotOwnedError, ObjectStore
 from unthrottle.kube.pods import PodStore
 from unthrottle.kube.workloads import WorkloadStore
 from unthrottle.metrics.source import MetricsError, MetricsSource
+from unthrottle.model.owners import ref
 from unthrottle.model.policy import SpecError, ThrottlePolicySpec, parse_spec
 from unthrottle.model.status import ThrottlePolicyStatus
 from unthrottle.operator.apply import Applier
@@ -145,7 +146,7 @@ class Reconciler:
             containers=frozenset(spec.containers) if spec.containers else None,
             concurrency=self.settings.concurrency, jobs=self.settings.jobs,
             cfs_period_us=self.settings.cfs_period_us,
-            cfs_period_from="the operator's --cfs-period",
+            cfs_period_from="the operator's --cfs-period", kinds=tuple(spec.kinds),
         )  # fmt: skip
         try:
             selection = self._timed("select", body, lambda: select(request, self.workloads,
@@ -213,7 +214,7 @@ class Reconciler:
                 continue  # an invalid policy owns nothing
         for (_, deploy), info in (selection.deployments or {}).items():
             if str(info.annotations.get(IGNORE_ANNOTATION, "")).lower() == "true":
-                skipped[deploy] = f'opted out: the Deployment has {IGNORE_ANNOTATION}: "true"'
+                skipped[deploy] = f'opted out: the {info.kind} has {IGNORE_ANNOTATION}: "true"'
                 continue
             for other_name, selector in older:
                 if selector.matches(info.labels):
@@ -228,7 +229,8 @@ class Reconciler:
         meta = body["metadata"]
         generation = meta.get("generation")
         previous = (body.get("status") or {}).get("conditions")
-        ready_message = (f"{view.summary['deployments']} Deployments, "
+        covered = "Deployments" if list(spec.kinds) == ["Deployment"] else "workloads"
+        ready_message = (f"{view.summary['deployments']} {covered}, "
                          f"{view.summary['overTarget']} over target")  # fmt: skip
         if result.fatal is not None:
             ready_message = result.fatal.message
@@ -293,7 +295,7 @@ class Reconciler:
         doc = thin(result.to_json(spec.window), CONFIGMAP_POINTS)
         doc["policy"] = {"namespace": meta["namespace"], "name": meta["name"]}
         for rank, w in enumerate(doc["workloads"]):
-            w["state"] = states.get(w["deployment"])
+            w["state"] = states.get(ref(w["kind"], w["name"]))
             if rank >= PLOTTED:  # the histograms are for the plots of the most harmful only
                 for c in w["containers"]:
                     c["histogram"] = []

@@ -125,6 +125,8 @@ def workloads_status(
                 over += 1
         entries.append({
             "deployment": w.deployment,
+            "kind": w.kind,
+            "name": w.name,
             "state": state.value,
             "message": message or "",
             "containers": [container_status(c) for c in w.containers],

@@ -206,7 +206,7 @@ def render_html(report: Report, *, title: str | None = None, max_plots: int = MA
     if report.policy:
         provenance.append(f"policy {report.policy.namespace}/{report.policy.name}")
     figures = [
-        ("Deployments", str(s.deployments)),
+        (f"{report.noun.capitalize()}s", str(s.deployments)),
         ("containers", str(s.containers)),
         ("over target", str(s.over_target)),
         ("to change", str(s.to_change)),
@@ -227,7 +227,7 @@ def render_html(report: Report, *, title: str | None = None, max_plots: int = MA
         worst.append({"anchor": anchor,
                       "key": o.workload.key, "container": o.container.name,
                       "now": units.pct(o.container.throttle_ratio), "after": after})  # fmt: skip
-    truncated = (f"… and {report.truncated.left_out} more Deployments, left out for size (only "
+    truncated = (f"… and {report.truncated.left_out} more {report.noun}s, left out for size (only "
                  f"the {report.truncated.shown} most harmful are shown)."
                  if report.truncated else "")  # fmt: skip
     plots_note = (f"Plots for the {len(plots)} most harmed of {len(over)} containers over "
@@ -243,7 +243,10 @@ def render_html(report: Report, *, title: str | None = None, max_plots: int = MA
     return _PAGE.render(
         title=title or report.title(), csp=page.CSP, css=Markup(page.CSS),
         script=Markup(page.SCRIPT), provenance=provenance, figures=figures,
-        worst=worst, truncated=truncated, columns=COLUMNS, rows=rows, plots=plots,
+        worst=worst, truncated=truncated, plots=plots, noun=report.noun.capitalize(),
+        columns=[(report.noun.capitalize() if h == "Deployment" else h, *rest)
+                 for h, *rest in COLUMNS], rows=rows,
         plots_note=plots_note, without=without, version=__version__, notes=report.notes,
-        applied=_applied(report), applied_columns=APPLIED_COLUMNS, applied_note=APPLIED_NOTE,
+        applied=_applied(report), applied_note=APPLIED_NOTE, applied_columns=[
+            report.noun.capitalize() if h == "Deployment" else h for h in APPLIED_COLUMNS],
     )  # fmt: skip

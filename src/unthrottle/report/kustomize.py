@@ -1,6 +1,7 @@
-"""A report as a kustomize Component: one strategic-merge patch per Deployment to change.
+"""A report as a kustomize Component: one strategic-merge patch per workload to change
+(a Deployment, a StatefulSet or a DaemonSet, each patched by its own kind and name).
 
-For Deployments that Argo CD or Flux own and that change only through Git: a team adds
+For workloads that Argo CD or Flux own and that change only through Git: a team adds
 the directory to its overlay under ``components:``. Each patch sets exactly what the
 recommendation changes, matching containers by name:
 
@@ -80,7 +81,7 @@ def _container(c: Container) -> dict[str, Any] | None:
 
 
 def deployment_patch(w: Workload) -> dict[str, Any] | None:
-    """The strategic-merge patch for one Deployment; None when nothing changes."""
+    """The strategic-merge patch for one workload, of its kind; None when nothing changes."""
     containers = [e for e in (_container(c) for c in w.containers) if e is not None]
     annotation = burst_annotation(w)
     if not containers and annotation is None:
@@ -92,8 +93,8 @@ def deployment_patch(w: Workload) -> dict[str, Any] | None:
         template["spec"] = {"containers": containers}
     return {
         "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": _name(w.deployment, "Deployment"),
+        "kind": w.kind,
+        "metadata": {"name": _name(w.name, w.kind),
                      "namespace": _name(w.namespace, "namespace")},
         "spec": {"template": template},
     }  # fmt: skip
@@ -129,12 +130,15 @@ def _regex(name: str) -> str:
 
 
 def file_name(w: Workload) -> str:
-    """The patch's file name: ``<namespace>--<deployment>.yaml``."""
-    return f"{_name(w.namespace, 'namespace')}--{_name(w.deployment, 'Deployment')}.yaml"
+    """The patch's file name: ``<namespace>--<deployment>.yaml``, and
+    ``<namespace>--<kind>-<name>.yaml`` for a StatefulSet or a DaemonSet
+    (``shop--statefulset-db.yaml``)."""
+    kind = "" if w.kind == "Deployment" else f"{w.kind.lower()}-"
+    return f"{_name(w.namespace, 'namespace')}--{kind}{_name(w.name, w.kind)}.yaml"
 
 
 def render_kustomize(report: Report) -> dict[str, str]:
-    """The Component's files by name: ``kustomization.yaml`` and one patch per Deployment
+    """The Component's files by name: ``kustomization.yaml`` and one patch per workload
     that changes."""
     files: dict[str, str] = {}
     patches = []
@@ -149,8 +153,8 @@ def render_kustomize(report: Report) -> dict[str, str]:
             "\n".join([MARKER, *_explain(w)]) + "\n" + yaml.safe_dump(patch, sort_keys=False)
         )
         patches.append({"path": name, "target": {
-            "group": "apps", "version": "v1", "kind": "Deployment",
-            "name": f"^{_regex(w.deployment)}$",
+            "group": "apps", "version": "v1", "kind": w.kind,
+            "name": f"^{_regex(w.name)}$",
             "namespace": f"^({_regex(w.namespace)}|default)$",
         }})  # fmt: skip
     header = [
@@ -158,11 +162,11 @@ def render_kustomize(report: Report) -> dict[str, str]:
         f"# window {report.window} ending {report.generated_at}, target "
         f"{report.target * 100:g} % of periods throttled"
         + (f", policy {report.policy.namespace}/{report.policy.name}" if report.policy else ""),
-        f"# {units.plural(len(patches), 'Deployment')} to change. Add this directory to an "
+        f"# {units.plural(len(patches), 'workload')} to change. Add this directory to an "
         "overlay's `components:` and review `kubectl kustomize` before merging.",
     ]
     if report.truncated:
-        header.append(f"# {report.truncated.left_out} less harmful Deployments were left out "
+        header.append(f"# {report.truncated.left_out} less harmful workloads were left out "
                       "of the report: they have no patch here.")  # fmt: skip
     component = {"apiVersion": COMPONENT_API, "kind": "Component", "patches": patches}
     files["kustomization.yaml"] = (

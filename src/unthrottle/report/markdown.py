@@ -41,7 +41,7 @@ def _summary(report: Report, s: Summary) -> list[str]:
     lines = [
         "## Summary",
         "",
-        f"- **{units.plural(s.deployments, 'Deployment')}**, "
+        f"- **{units.plural(s.deployments, report.noun)}**, "
         f"{units.plural(s.containers, 'container')}: **{s.over_target} over the target**; "
         f"{s.to_change} to change; {s.deployments - s.with_evidence} without evidence.",
         f"- CPU limit: **{units.signed_cpu(s.added_millicores)} added** "
@@ -64,7 +64,7 @@ def _summary(report: Report, s: Summary) -> list[str]:
             lines.append(f"  1. {text(o.workload.key)} · {text(o.container.name)}: {now} of "
                          f"periods throttled{after}")  # fmt: skip
     if report.truncated:
-        lines += ["", f"… and {report.truncated.left_out} more Deployments, left out for size "
+        lines += ["", f"… and {report.truncated.left_out} more {report.noun}s, left out for size "
                       f"(only the {report.truncated.shown} most harmful are shown)."]  # fmt: skip
     return lines
 
@@ -127,7 +127,8 @@ def render_markdown(report: Report, *, title: str | None = None) -> str:
             "expected share is a range too (`99.7 % (0.0–99.7 %)`): beside the same "
             "neighbours, and if the node goes quiet, the end the limit is sized to.",
             "",
-            "| Deployment | container | throttled | expected | limit | burst | GOMAXPROCS "
+            f"| {report.noun.capitalize()} | container | throttled | expected | limit | burst "
+            "| GOMAXPROCS "
             "| demand p50 / p99 / max | confidence | evidence | changes |",
             "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
@@ -139,13 +140,15 @@ def render_markdown(report: Report, *, title: str | None = None) -> str:
     rows = list(applied_rows(report))
     if rows:
         lines += ["", "## What Apply changed", "", APPLIED_NOTE, "",
-                  "| Deployment | container | changed | when | method | throttled before "
+                  f"| {report.noun.capitalize()} | container | changed | when | method "
+                  "| throttled before "
                   "| throttled after | verdict | why |",
                   "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         lines += ["| " + " | ".join(text(cell) for cell in cells) + " |"
                   for *_, cells in rows]  # fmt: skip
     if without:
-        lines += ["", "## Without evidence", "", "| Deployment | containers | why |",
+        lines += ["", "## Without evidence", "", f"| {report.noun.capitalize()} | containers "
+                  "| why |",
                   "|---|---|---|"]  # fmt: skip
         lines += [f"| {text(w.key)} | {', '.join(text(c.name) for c in w.containers) or units.DASH}"
                   f" | {text(w.why_not())} |" for w in without]  # fmt: skip

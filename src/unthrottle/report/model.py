@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 from pydantic import (
     BaseModel,
@@ -28,8 +28,10 @@ from pydantic import (
     field_serializer,
     field_validator,
     model_serializer,
+    model_validator,
 )
 
+from unthrottle.model.owners import DEPLOYMENT, ref
 from unthrottle.scan import ScanResult
 from unthrottle.units import DEFAULT_PERIOD_US
 
@@ -291,19 +293,50 @@ class Container(_Doc):
 
 
 class Workload(_Doc):
-    """One Deployment."""
+    """One workload: a Deployment, a StatefulSet or a DaemonSet. A report of an earlier
+    version names only its ``deployment``: that is a Deployment's name."""
 
     namespace: str
-    deployment: str
+    kind: Literal["Deployment", "StatefulSet", "DaemonSet"] = Field(
+        description="The workload's kind (an earlier report has none: Deployment)."
+    )
+    name: str = Field(min_length=1, description="The workload's name.")
+    deployment: str | None = Field(None, description="The name again, for a Deployment alone "
+                                   "(the field earlier readers know).")  # fmt: skip
     containers: tuple[Container, ...]
     state: str | None = Field(None, description="The operator's: Recommended, UpToDate …")
     labels: dict[str, str] = Field(default_factory=dict, description="The Deployment's labels.")
     applied: Applied | None = Field(None, description="What Apply changed, and the verdict.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _named(cls, data: Any) -> Any:
+        """``deployment`` alone (an earlier report) is a Deployment's name; a Deployment's
+        ``name`` is its ``deployment`` too."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        data.setdefault("kind", DEPLOYMENT)
+        if not data.get("name") and data.get("deployment"):
+            data["name"] = data["deployment"]
+        if data.get("kind", DEPLOYMENT) == DEPLOYMENT and data.get("name"):
+            data.setdefault("deployment", data["name"])
+        return data
+
+    @property
+    def ref(self) -> str:
+        """Its reference (:func:`~unthrottle.model.owners.ref`): ``web``, ``statefulset/db``."""
+        return ref(self.kind, self.name)
+
+    @property
+    def shown(self) -> str:
+        """``web`` for a Deployment, ``StatefulSet db`` else: how people read it."""
+        return self.name if self.kind == DEPLOYMENT else f"{self.kind} {self.name}"
+
     @property
     def key(self) -> str:
-        """``namespace/deployment``."""
-        return f"{self.namespace}/{self.deployment}"
+        """``namespace/deployment``, ``namespace/statefulset/db``."""
+        return f"{self.namespace}/{self.ref}"
 
     def harm(self, target: float) -> float:
         """Its most harmed container's."""
@@ -420,7 +453,7 @@ class Report(_Doc):
         for w_doc, w in zip(doc["workloads"], result.workloads, strict=True):
             w_doc["labels"] = dict(w.labels)
             if states is not None:
-                w_doc["state"] = states.get(w.deployment)
+                w_doc["state"] = states.get(w.deployment)  # by reference
             for c_doc, c in zip(w_doc["containers"], w.containers, strict=True):
                 c_doc["runtime"] = c.runtime.value
                 c_doc["managed"] = c.managed
@@ -434,6 +467,12 @@ class Report(_Doc):
         return cls.from_json(doc)
 
     # -- views -------------------------------------------------------------------------
+
+    @property
+    def noun(self) -> str:
+        """``Deployment`` for a report of Deployments alone, else ``workload``: what its
+        pages call the rows' workloads."""
+        return DEPLOYMENT if all(w.kind == DEPLOYMENT for w in self.workloads) else "workload"
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document: ``ScanResult.to_json``'s fields, then the extras that differ

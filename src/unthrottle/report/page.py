@@ -140,7 +140,7 @@ is a range too, such as 99.7 % (0.0–99.7 %): beside the same neighbours, and i
 goes quiet, the end the limit is sized to.</p>
 <div class="table-wrap">
 <table class="sortable" id="containers">
-<caption>{{ rows | length }} containers of Deployments with evidence</caption>
+<caption>{{ rows | length }} containers of {{ noun }}s with evidence</caption>
 <thead><tr>
 {% for name, kind, align in columns %}<th scope="col" class="{{ align }}"
 {%- if loop.first %} aria-sort="ascending"{% endif %}>
@@ -191,7 +191,7 @@ goes quiet, the end the limit is sized to.</p>
 {% if without %}<section aria-labelledby="without">
 <h2 id="without">Without evidence</h2>
 <div class="table-wrap"><table>
-<thead><tr><th scope="col">Deployment</th><th scope="col">containers</th>
+<thead><tr><th scope="col">{{ noun }}</th><th scope="col">containers</th>
 <th scope="col">why</th></tr></thead>
 <tbody>
 {% for w in without %}<tr><td>{{ w.key }}</td><td>{{ w.containers }}</td><td>{{ w.why }}</td></tr>

@@ -20,17 +20,18 @@ from unthrottle.report import units
 from unthrottle.report.model import Advice, Report
 from unthrottle.report.units import cpu
 
-TABLE_COLUMNS = ("namespace", "deployment", "container", "current_limit", "throttle_ratio",
+TABLE_COLUMNS = ("namespace", "workload", "container", "current_limit", "throttle_ratio",
                  "demand_p99_max", "recommended_limit", "burst_ms", "gomaxprocs",
                  "expected_throttle_ratio", "evidence", "confidence", "reason")  # fmt: skip
 """The table's columns (CSV has every row field); the expected ratio's cell holds its range
 on a shared node."""
-CSV_COLUMNS = ("namespace", "deployment", "container", "evidence", "pods", "current_limit",
-               "throttle_ratio", "demand_p99_max", "recommended_limit", "burst_ms", "gomaxprocs",
-               "expected_throttle_ratio", "expected_throttle_ratio_range", "confidence",
-               "reason", "reasons")  # fmt: skip
+CSV_COLUMNS = ("namespace", "kind", "name", "deployment", "container", "evidence", "pods",
+               "current_limit", "throttle_ratio", "demand_p99_max", "recommended_limit",
+               "burst_ms", "gomaxprocs", "expected_throttle_ratio",
+               "expected_throttle_ratio_range", "confidence", "reason", "reasons")  # fmt: skip
 """Every row field, in order: the CSV's header, the same with no row (a script reading the
-columns by name reads an empty report too)."""
+columns by name reads an empty report too). ``deployment`` is the name of a Deployment, and
+empty for a StatefulSet's or a DaemonSet's row (the column earlier readers know)."""
 
 
 def _ratio(value: float | None) -> str:
@@ -48,7 +49,8 @@ def rows(report: Report) -> list[dict[str, Any]]:
         for c in w.containers:
             rec = c.recommendation
             out.append({
-                "namespace": w.namespace, "deployment": w.deployment,
+                "namespace": w.namespace, "workload": w.ref, "kind": w.kind, "name": w.name,
+                "deployment": w.deployment or "",
                 "container": c.name, "evidence": c.evidence, "pods": c.pods,
                 "current_limit": cpu(c.current.limit_millicores),
                 "throttle_ratio": _ratio(c.throttle_ratio),
@@ -92,7 +94,7 @@ def render_yaml(report: Report) -> str:
 def render_csv(report: Report) -> str:
     """One row per container, with a header."""
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS)
+    writer = csv.DictWriter(out, fieldnames=CSV_COLUMNS, extrasaction="ignore")
     writer.writeheader()
     writer.writerows(rows(report))
     return out.getvalue()

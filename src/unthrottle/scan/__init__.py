@@ -1,4 +1,4 @@
-"""One scan pipeline for every front-end: select Deployments → evidence → recommend → result.
+"""One scan pipeline for every front-end: select workloads → evidence → recommend → result.
 
 ``unthrottle recommend`` and the operator both call it. It neither prints nor exits:
 problems come back in the result (:class:`Problem`) or as exceptions
@@ -19,6 +19,7 @@ from unthrottle.scan.pipeline import (
     assess,
     current_of,
     gather,
+    kinds_text,
     scan,
     select,
     where,
@@ -59,6 +60,7 @@ __all__ = [
     "engine_policy",
     "fetch_evidence",
     "gather",
+    "kinds_text",
     "plotted",
     "scan",
     "select",

@@ -8,14 +8,14 @@ so the engine runs only where evidence changed.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from unthrottle.evidence.containers import ContainerEvidence, WorkloadKey
 from unthrottle.evidence.fetching import deployment_labels, fetch, recorded_covers
 from unthrottle.kube.workloads import ContainerSpec, DeploymentInfo, WorkloadStore
 from unthrottle.metrics.source import MetricsSource
-from unthrottle.model.owners import Owners
+from unthrottle.model.owners import KINDS, Owners, kind_of
 from unthrottle.recommend import Current, Recommendation, Runtime
 from unthrottle.scan.advise import Job, advise_all
 from unthrottle.scan.request import History, ScanRequest
@@ -51,6 +51,14 @@ class Selection:
     specs: dict[WorkloadKey, ContainerSpec] = field(default_factory=dict)
 
 
+def kinds_text(request: ScanRequest, found: Iterable[WorkloadKey] | None = None) -> str:
+    """``Deployments``, ``Deployments or StatefulSets``: the kinds a request covers (or, with
+    ``found``, those of the workloads found)."""
+    kinds = request.kinds if found is None else {kind_of(k.deployment) for k in found}
+    names = [f"{k}s" for k in KINDS if k in kinds]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
 def where(request: ScanRequest) -> str:
     """``shop, web matching 'app=api'``: the selection, for messages."""
     text = ", ".join(request.namespaces) if request.namespaces else "any namespace"
@@ -64,26 +72,30 @@ def select(request: ScanRequest, store: WorkloadStore | None, metrics: MetricsSo
     if store is None:
         chosen = None
         if request.selector.requirements:
-            exported = deployment_labels(metrics, list(request.namespaces), request.now)
+            exported = deployment_labels(metrics, list(request.namespaces), request.now,
+                                         request.kinds)  # fmt: skip
             if not exported:
+                series = ", ".join(f"kube_{k.lower()}_labels" for k in request.kinds)
+                allow = ",".join(f"{k.lower()}s=[app,...]" for k in request.kinds)
                 raise ScanError(
-                    "a selector without cluster access needs kube-state-metrics' "
-                    "kube_deployment_labels, and there are none: kube-state-metrics exports "
-                    "Deployment labels only when allowed "
-                    "(--metric-labels-allowlist=deployments=[app,...])"
+                    f"a selector without cluster access needs kube-state-metrics' {series}, "
+                    f"and there are none: kube-state-metrics exports {kinds_text(request)} "
+                    f"labels only when allowed (--metric-labels-allowlist={allow})"
                 )
             chosen = {
                 k for k, labels in exported.items() if request.selector.matches_exported(labels)
             }
         return Selection(None, None, chosen)
     try:
-        listed = store.deployments(request.namespaces)
-        owners = store.pod_owners(request.namespaces)
+        listed = store.deployments(request.namespaces, request.kinds)
+        owners = store.pod_owners(request.namespaces, request.kinds)
     except Exception as error:  # the API client raises many kinds
-        raise ClusterError(f"cannot read Deployments from the Kubernetes API: {error}") from None
-    deployments = {(d.namespace, d.name): d for d in listed if request.selector.matches(d.labels)}
+        raise ClusterError(
+            f"cannot read {kinds_text(request)} from the Kubernetes API: {error}"
+        ) from None
+    deployments = {(d.namespace, d.ref): d for d in listed if request.selector.matches(d.labels)}
     specs = {
-        WorkloadKey(d.namespace, d.name, spec.name): spec
+        WorkloadKey(d.namespace, d.ref, spec.name): spec
         for d in deployments.values()
         for spec in d.containers.values()
     }
@@ -111,7 +123,8 @@ def gather(
         )
     found = fetch(metrics, namespaces, request.window_s, at=request.now,
                   owners=selection.owners, on_query=on_query,
-                  concurrency=request.concurrency, recorded=recorded)  # fmt: skip
+                  concurrency=request.concurrency, recorded=recorded,
+                  kinds=request.kinds)  # fmt: skip
     return found, problems
 
 
@@ -175,13 +188,14 @@ def _problems(
             "needed without cluster access"
         )
         return [Problem(ProblemKind.NO_DEPLOYMENTS,
-                        f"no Deployments found in {where(request)}: {source}")]  # fmt: skip
+                        f"no {kinds_text(request)} found in {where(request)}: "
+                        f"{source}")]  # fmt: skip
     if all(item.periods < 1 for item in found.values()):
         return [Problem(ProblemKind.NO_COUNTERS,
-            f"no CPU counters for the Deployments in {where(request)}: neither cAdvisor's "
-            "container_cpu_cfs_periods_total nor the unthrottle agent's. Is the kubelet's "
-            "/metrics/cadvisor endpoint scraped (job kubelet, metrics_path /metrics/cadvisor), "
-            "or the agent's /metrics?")]  # fmt: skip
+            f"no CPU counters for the {kinds_text(request, found)} in {where(request)}: neither "
+            "cAdvisor's container_cpu_cfs_periods_total nor the unthrottle agent's. Is the "
+            "kubelet's /metrics/cadvisor endpoint scraped (job kubelet, metrics_path "
+            "/metrics/cadvisor), or the agent's /metrics?")]  # fmt: skip
     if not any(item.kind == "period" for item in found.values()):
         return [Problem(ProblemKind.COUNTERS_ONLY,
             "no unthrottle agent series; recommending from cAdvisor counters "

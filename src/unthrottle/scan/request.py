@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from unthrottle.evidence.fetching import CONCURRENCY
+from unthrottle.model.owners import DEPLOYMENT, KINDS
 from unthrottle.model.policy import SpecError, ThrottlePolicySpec
 from unthrottle.model.selector import Selector
 from unthrottle.recommend import Policy, PolicyError, Strategy
@@ -72,6 +73,8 @@ class ScanRequest:
     changed. Where the agent's series exist, each container's own period is used."""
     cfs_period_from: str = "the default"
     """Where :attr:`cfs_period_us` came from, as the reasons say it (``--cfs-period``)."""
+    kinds: tuple[str, ...] = (DEPLOYMENT,)
+    """The kinds of workload to cover (:data:`~unthrottle.model.owners.KINDS`)."""
 
     def __post_init__(self) -> None:
         if self.window_s < 1:
@@ -80,6 +83,10 @@ class ScanRequest:
             raise ValueError(f"concurrency: {self.concurrency} is below 1")
         if self.jobs is not None and self.jobs < 1:
             raise ValueError(f"jobs: {self.jobs} is below 1")
+        unknown = [k for k in self.kinds if k not in KINDS]
+        if unknown or not self.kinds:
+            raise ValueError(f"kinds: {', '.join(unknown) or 'none'} is not one of "
+                             f"{', '.join(KINDS)}")  # fmt: skip
         if not MIN_PERIOD_US <= self.cfs_period_us <= MAX_PERIOD_US:
             raise ValueError(f"cfs_period: {self.cfs_period_us} µs is outside the kernel's "
                              "range of 1 ms to 1 s")  # fmt: skip

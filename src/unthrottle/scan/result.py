@@ -10,6 +10,7 @@ from enum import StrEnum
 from typing import Any
 
 from unthrottle.evidence.plots import ContainerSeries
+from unthrottle.model.owners import DEPLOYMENT, kind_and_name
 from unthrottle.recommend import Recommendation, Runtime
 from unthrottle.units import DEFAULT_PERIOD_US
 
@@ -138,16 +139,36 @@ def series_json(series: ContainerSeries) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class WorkloadResult:
-    """One Deployment."""
+    """One workload: a Deployment, a StatefulSet or a DaemonSet."""
 
     namespace: str
     deployment: str
+    """Its reference (:func:`~unthrottle.model.owners.ref`): a Deployment's name, else
+    ``statefulset/<name>`` or ``daemonset/<name>``."""
     containers: tuple[ContainerResult, ...]
     labels: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
     applied: dict[str, Any] | None = None
     """What Apply changed and its verdict, measured (:func:`unthrottle.scan.series.with_series`);
     None: not read, or no change recorded."""
+
+    @property
+    def kind(self) -> str:
+        """``Deployment``, ``StatefulSet`` or ``DaemonSet``."""
+        return kind_and_name(self.deployment)[0]
+
+    @property
+    def name(self) -> str:
+        """Its name (without its kind)."""
+        return kind_and_name(self.deployment)[1]
+
+    def identity(self) -> dict[str, str]:
+        """``kind`` and ``name`` for the outputs, and ``deployment`` for a Deployment (the
+        field readers of earlier versions know)."""
+        out = {"kind": self.kind, "name": self.name}
+        if self.kind == DEPLOYMENT:
+            out["deployment"] = self.name
+        return out
 
     def harm(self, target: float) -> float:
         """Its most harmed container's."""
@@ -178,7 +199,7 @@ class ScanResult:
             "workloads": [
                 {
                     "namespace": w.namespace,
-                    "deployment": w.deployment,
+                    **w.identity(),
                     "containers": [c.to_json() for c in w.containers],
                     **({"applied": w.applied} if w.applied is not None else {}),
                 }
