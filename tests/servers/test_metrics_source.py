@@ -122,5 +122,6 @@ def test_the_cli_sends_the_token_and_basic_auth_from_the_environment(
         handler.seen.clear()
         out = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False,
                              env={**os.environ, **env})  # fmt: skip
-        assert "no Deployments found in shop" in out.stderr  # it got past authentication
+        # it got past authentication
+        assert "no Deployments, StatefulSets or DaemonSets found in shop" in out.stderr
         assert handler.seen and {h["Authorization"] for h in handler.seen} == {expected}

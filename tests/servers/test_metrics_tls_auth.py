@@ -43,7 +43,8 @@ def test_the_cli_takes_the_ca_bundle(https: tuple[str, Path]) -> None:
                url, "--no-cluster", "--namespace", "shop", "--ca-bundle", str(ca)]  # fmt: skip
     out = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     # an empty Prometheus: past TLS, there are simply no Deployments
-    assert out.returncode == 1 and "no Deployments found in shop" in out.stderr, out.stderr
+    assert out.returncode == 1, out.stderr
+    assert "no Deployments, StatefulSets or DaemonSets found in shop" in out.stderr
 
 
 @pytest.fixture(scope="module")
