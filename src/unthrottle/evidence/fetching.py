@@ -221,7 +221,7 @@ def owners_of(
     return owners
 
 
-def deployment_labels(
+def workload_labels(
     source: MetricsSource,
     namespaces: list[str],
     at: float | None = None,

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from unthrottle.evidence.containers import ContainerEvidence, WorkloadKey
-from unthrottle.evidence.fetching import deployment_labels, fetch, recorded_covers
+from unthrottle.evidence.fetching import fetch, recorded_covers, workload_labels
 from unthrottle.kube.workloads import ContainerSpec, DeploymentInfo, WorkloadStore
 from unthrottle.metrics.source import MetricsSource
 from unthrottle.model.owners import KINDS, Owners, kind_of
@@ -72,7 +72,7 @@ def select(request: ScanRequest, store: WorkloadStore | None, metrics: MetricsSo
     if store is None:
         chosen = None
         if request.selector.requirements:
-            exported = deployment_labels(metrics, list(request.namespaces), request.now,
+            exported = workload_labels(metrics, list(request.namespaces), request.now,
                                          request.kinds)  # fmt: skip
             if not exported:
                 series = ", ".join(f"kube_{k.lower()}_labels" for k in request.kinds)
