@@ -183,11 +183,35 @@ def deploy(kube: Any, workloads: list[Workload]) -> list[Workload]:
     out = []
     for w in placed:
         if w.kind != "Deployment":  # its pods are its own: no ReplicaSet, no template hash
-            out.append(w)
+            out.append(replace(w, names=own_pods(kube, w)))
             continue
         rs = kube.replicaset_of(kube.rolled_out(w.namespace, w.name))
         out.append(replace(w, template_hash=rs["metadata"]["labels"]["pod-template-hash"]))
     return out
+
+
+def own_pods(kube: Any, w: Workload) -> tuple[str, ...]:
+    """The names of the live pods the StatefulSet or DaemonSet of ``w`` made, once its
+    rollout is done (``kubectl rollout status``; one pod per kwok node for a DaemonSet)."""
+    from unthrottle.operator.gates import rollout
+
+    resource = f"apps/v1/{w.kind.lower()}s"
+    kube.until(f"{w.kind} {w.name} rolled out",
+               lambda: {"kind": w.kind, **(kube.get(resource, w.namespace, w.name) or {})},
+               lambda obj: rollout(obj) == "done", timeout_s=90.0)  # fmt: skip
+    uid = (kube.get(resource, w.namespace, w.name) or {})["metadata"]["uid"]
+
+    def ours() -> list[str]:
+        return sorted(p["metadata"]["name"] for p in kube.list("v1/pods", w.namespace)
+                      if not p["metadata"].get("deletionTimestamp")
+                      and any(o.get("uid") == uid for o in p["metadata"].get("ownerReferences")
+                              or [])
+                      and (p.get("status") or {}).get("phase") == "Running")  # fmt: skip
+
+    obj = kube.get(resource, w.namespace, w.name) or {}
+    status = obj.get("status") or {}
+    wanted = status.get("desiredNumberScheduled") or (obj.get("spec") or {}).get("replicas", 1)
+    return tuple(kube.until(f"{w.kind} {w.name}'s pods", ours, lambda n: len(n) == wanted))
 
 
 def rehash(kube: Any, w: Workload, **changes: Any) -> Workload:

@@ -192,6 +192,6 @@ def test_a_hung_or_killed_operator_never_holds_pods_back(
     assert TIMEOUT_S - 0.5 < hung_s < TIMEOUT_S + 2  # held for the chart's 2 s, no longer
     assert gone_s < TIMEOUT_S  # refused at once: three pods without waiting for a timeout
     assert on_server is not None
-    (hook,) = on_server["webhooks"]
-    assert hook["failurePolicy"] == "Ignore" and hook["timeoutSeconds"] == TIMEOUT_S
+    for hook in on_server["webhooks"]:  # a Deployment's pods, a StatefulSet's or DaemonSet's
+        assert hook["failurePolicy"] == "Ignore" and hook["timeoutSeconds"] == TIMEOUT_S
     print(f"operator hung: 1 pod in {hung_s:.2f} s; operator killed: 3 pods in {gone_s:.2f} s")

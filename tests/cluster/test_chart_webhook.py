@@ -60,7 +60,16 @@ def webhook_objects(objects: list[Obj]) -> dict[str, Obj]:
 
 
 def hook_of(objects: list[Obj]) -> Obj:
-    (hook,) = only(objects, "MutatingWebhookConfiguration")["webhooks"]
+    """The webhook for a Deployment's pods; the one for a StatefulSet's or DaemonSet's
+    differs from it in its name and its object selector alone."""
+    hook, revisions = only(objects, "MutatingWebhookConfiguration")["webhooks"]
+    assert revisions["name"] == "inplace-revision-pods.unthrottle.io"
+    assert revisions["objectSelector"] == {
+        "matchExpressions": [{"key": "controller-revision-hash", "operator": "Exists"}]
+    }
+    same = ("name", "objectSelector")
+    assert ({k: v for k, v in revisions.items() if k not in same}
+            == {k: v for k, v in hook.items() if k not in same})  # fmt: skip
     return dict(hook)
 
 

@@ -62,23 +62,6 @@ def owner_series(workloads: list[Workload], end: int, span: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def own_pods(kube: Kube, w: Workload) -> tuple[str, ...]:
-    """The names of the pods the controller of ``w`` made, once every one is there (one per
-    kwok node for a DaemonSet)."""
-
-    def listed() -> list[str]:
-        return sorted(p["metadata"]["name"] for p in kube.list("v1/pods", w.namespace)
-                      if p["metadata"]["name"].startswith(f"{w.name}-"))  # fmt: skip
-
-    def wanted() -> int:
-        obj = kube.get(f"apps/v1/{w.kind.lower()}s", w.namespace, w.name) or {}
-        status = obj.get("status") or {}
-        return int(status.get("desiredNumberScheduled") or status.get("replicas") or 0) or -1
-
-    return tuple(kube.until(f"{w.kind} {w.name}'s pods", listed,
-                            lambda names: len(names) == wanted()))  # fmt: skip
-
-
 @dataclass
 class World:
     kube: Kube
@@ -97,9 +80,7 @@ def world(
     kube = Kube(control_plane)
     placed = deploy(kube, KINDS)
     namespace = placed[0].namespace
-    live = {w.name: w for w in placed}
-    for w in placed[1:]:  # the pods the StatefulSet and DaemonSet controllers made
-        live[w.name] = replace(w, names=own_pods(kube, w))
+    live = {w.name: w for w in placed}  # with the pods their controllers made
     end = int(time.time()) // 60 * 60
     history = [*live.values(), *(gone(w) for w in live.values() if w.kind != "Deployment")]
     text = openmetrics(history, end, span=6 * 3600) + owner_series(history, end, 6 * 3600)
@@ -216,6 +197,7 @@ def _policy(world: World, name: str, spec: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.fixture
 def policies(world: World) -> Iterator[None]:
+    """The test's policies go with it (the recommend tests have none)."""
     yield
     for policy in world.kube.list(POLICIES, world.namespace):
         world.kube.delete(POLICIES, world.namespace, policy["metadata"]["name"])
@@ -252,22 +234,15 @@ def test_a_policy_covers_deployments_only_until_it_names_more_kinds(
     assert ready["message"].startswith("3 workloads, 3 over target")
 
 
-def test_apply_changes_the_deployment_and_says_the_others_are_not_applied(
+def test_a_deployment_only_apply_policy_leaves_the_statefulset_and_daemonset_alone(
     world: World, policies: None
 ) -> None:
     before = _templates(world)
     reconciler = _reconciler(world, apply=True)
-    spec = {"window": "5h", "mode": "Apply", "kinds": ["StatefulSet", "DaemonSet", "Deployment"],
-            "apply": {"cooldown": "1m"}}  # fmt: skip
-    reconciler.reconcile(_policy(world, "apply-kinds", spec))
-    status = world.kube.get(POLICIES, world.namespace, "apply-kinds")["status"]  # type: ignore[index]
-    states = {w["kind"]: w for w in status["workloads"]}
-    for kind in ("StatefulSet", "DaemonSet"):
-        assert states[kind]["state"] == "Recommended"
-        assert states[kind]["message"].startswith(
-            "not applied: Apply changes Deployments only for now"
-        )
-    assert states["Deployment"]["state"] in {"Applied", "Verifying"}
+    spec = {"window": "5h", "mode": "Apply", "apply": {"cooldown": "1m"}}
+    reconciler.reconcile(_policy(world, "apply-deployments", spec))
+    status = world.kube.get(POLICIES, world.namespace, "apply-deployments")["status"]  # type: ignore[index]
+    assert [(w["kind"], w["state"]) for w in status["workloads"]] == [("Deployment", "Verifying")]
     after = _templates(world)
     assert after["db"] == before["db"] and after["logs"] == before["logs"]  # untouched
     limit = after["web"]["spec"]["containers"][0]["resources"]["limits"]["cpu"]

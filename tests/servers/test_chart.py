@@ -280,9 +280,10 @@ def test_the_rbac_grants_no_secrets_no_wildcards_and_no_cluster_wide_write_if_na
     assert [(b["metadata"]["namespace"], b["roleRef"]["name"]) for b in bindings] == [
         ("shop", "unthrottle-operator")
     ]
-    # The only writes to objects that are not the operator's own are Apply's: Deployments
-    # (Rollout), and with InPlace, running pods' resize and burst annotation.
-    rollout = {("apps", "deployments", "patch")}
+    # The only writes to objects that are not the operator's own are Apply's: the pod
+    # templates of Deployments, StatefulSets and DaemonSets (Rollout), and with InPlace,
+    # running pods' resize and burst annotation.
+    rollout = {("apps", kind, "patch") for kind in ("deployments", "statefulsets", "daemonsets")}
     foreign = rollout | {("", "pods/resize", "patch"), ("", "pods", "patch")}
     own = {"throttlepolicies", "throttlepolicies/status", "events", "configmaps",
            "clusterkopfpeerings", "kopfpeerings"}  # fmt: skip

@@ -99,10 +99,10 @@ def chart_configuration(watch: list[str], port: int, tls: Tls) -> dict[str, Any]
               "agent": {"enabled": False}}  # fmt: skip
     config = copy.deepcopy(only(render(values), "MutatingWebhookConfiguration"))
     config["metadata"]["name"] = fresh_name("unthrottle-inplace-test")
-    (hook,) = config["webhooks"]
-    path = hook["clientConfig"]["service"]["path"]
-    hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}",
-                            "caBundle": base64.b64encode(tls.ca).decode()}  # fmt: skip
+    for hook in config["webhooks"]:  # a Deployment's pods, a StatefulSet's or DaemonSet's
+        path = hook["clientConfig"]["service"]["path"]
+        hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}",
+                                "caBundle": base64.b64encode(tls.ca).decode()}  # fmt: skip
     return dict(config)
 
 

@@ -149,15 +149,21 @@ def agent(node: RealNode, plane: ControlPlane, folder: Path) -> Iterator[None]:
         log.close()
 
 
-@contextlib.contextmanager
-def real_world(folder: Path, plane: ControlPlane, node: RealNode, layout: Layout,
-               app: Workload = APP, **container: Any) -> Iterator[RealWorld]:  # fmt: skip
-    kube = Kube(plane)
+def idle_stage(kube: Kube) -> str:
+    """A fresh namespace with the ConfigMap of what the pods run (:data:`IDLE`)."""
     stage = f"stage-{next(UNIQUE)}-{int(time.time()) % 100000}"
     kube.create_namespace(stage)
     kube.create("v1/configmaps", {"apiVersion": "v1", "kind": "ConfigMap",
                                   "metadata": {"name": "idle", "namespace": stage},
                                   "data": {"scenario.yaml": IDLE}})  # fmt: skip
+    return stage
+
+
+@contextlib.contextmanager
+def real_world(folder: Path, plane: ControlPlane, node: RealNode, layout: Layout,
+               app: Workload = APP, **container: Any) -> Iterator[RealWorld]:  # fmt: skip
+    kube = Kube(plane)
+    stage = idle_stage(kube)
     w = replace(app, namespace=stage)
     kube.create("apps/v1/deployments", _on_node(deployment(w), node, **container))
     rs = kube.replicaset_of(kube.rolled_out(stage, w.name, timeout_s=120))

@@ -1,7 +1,9 @@
-"""Reading and patching Deployments (Apply mode), and the VPAs that may control them.
+"""Reading and patching workloads (Apply mode), and the VPAs that may control them.
 
 Behind :class:`DeploymentStore`; :class:`KubeDeployments` serves it over
-``kubernetes.client`` with a timeout on every call. Patches are JSON Patches only
+``kubernetes.client`` with a timeout on every call. A workload is named by its reference
+(:func:`~unthrottle.model.owners.ref`): a Deployment's name, ``statefulset/<name>`` or
+``daemonset/<name>``; an object read has its ``kind``. Patches are JSON Patches only
 (RFC 6902, with ``test`` operations): a refused test is a :class:`PatchConflict`,
 never a partial change (the API server applies a JSON Patch whole or not at all).
 """
@@ -10,6 +12,11 @@ from __future__ import annotations
 
 import json
 from typing import Any, Protocol
+
+from unthrottle.model.owners import DAEMONSET, DEPLOYMENT, STATEFULSET, kind_and_name
+
+_CALLS = {DEPLOYMENT: "deployment", STATEFULSET: "stateful_set", DAEMONSET: "daemon_set"}
+"""``kubernetes.client.AppsV1Api``'s name of each kind in its methods."""
 
 
 class PatchConflict(RuntimeError):
@@ -53,12 +60,18 @@ class DeploymentStore(Protocol):
     """What Apply mode needs of Deployments."""
 
     def get(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """The Deployment now, or None when it is gone."""
+        """The workload now (``name``: its reference), or None when it is gone."""
         ...
 
     def json_patch(self, namespace: str, name: str, ops: list[dict[str, Any]], *,
                    dry_run: bool = False) -> dict[str, Any]:  # fmt: skip
-        """Apply a JSON Patch (``dry_run``: admission runs, nothing is stored)."""
+        """Apply a JSON Patch to the workload ``name`` names (``dry_run``: admission runs,
+        nothing is stored)."""
+        ...
+
+    def revision_pods(self, workload: dict[str, Any], revision: str) -> list[str]:
+        """The names of the workload's pods at ``revision`` (their
+        ``controller-revision-hash``): a StatefulSet's or a DaemonSet's new pods."""
         ...
 
     def vpas(self, namespace: str) -> list[dict[str, Any]] | None:
@@ -74,6 +87,7 @@ class KubeDeployments:
         from kubernetes import client
 
         self.apps: Any = client.AppsV1Api(api_client)
+        self.core: Any = client.CoreV1Api(api_client)
         self.custom: Any = client.CustomObjectsApi(api_client)
         self.timeout_s = timeout_s
         self._vpa_missing = False
@@ -81,15 +95,30 @@ class KubeDeployments:
     def get(self, namespace: str, name: str) -> dict[str, Any] | None:
         from kubernetes.client.exceptions import ApiException
 
+        kind, plain = kind_and_name(name)
+        read = getattr(self.apps, f"read_namespaced_{_CALLS[kind]}")
         try:
-            reply = self.apps.read_namespaced_deployment(
-                name, namespace, _preload_content=False, _request_timeout=self.timeout_s
-            )
+            reply = read(plain, namespace, _preload_content=False, _request_timeout=self.timeout_s)
         except ApiException as error:
             if error.status == 404:
                 return None
             raise
-        return dict(json.loads(reply.data))
+        obj = dict(json.loads(reply.data))
+        obj.setdefault("kind", kind)
+        return obj
+
+    def revision_pods(self, workload: dict[str, Any], revision: str) -> list[str]:
+        meta = workload["metadata"]
+        labels = ((workload.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+        selector = ",".join([*(f"{k}={v}" for k, v in sorted(labels.items())),
+                             f"controller-revision-hash={revision}"])  # fmt: skip
+        reply = self.core.list_namespaced_pod(meta["namespace"], label_selector=selector,
+                                              _preload_content=False,
+                                              _request_timeout=self.timeout_s)  # fmt: skip
+        uid = meta.get("uid")
+        return sorted(p["metadata"]["name"] for p in json.loads(reply.data).get("items") or []
+                      if any(o.get("uid") == uid and o.get("controller")
+                             for o in p["metadata"].get("ownerReferences") or []))  # fmt: skip
 
     def json_patch(self, namespace: str, name: str, ops: list[dict[str, Any]], *,
                    dry_run: bool = False) -> dict[str, Any]:  # fmt: skip
@@ -99,18 +128,20 @@ class KubeDeployments:
                                    "_content_type": "application/json-patch+json"}  # fmt: skip
         if dry_run:
             options["dry_run"] = "All"
+        kind, plain = kind_and_name(name)
+        patch = getattr(self.apps, f"patch_namespaced_{_CALLS[kind]}")
         try:
-            reply = self.apps.patch_namespaced_deployment(name, namespace, ops, **options)
+            reply = patch(plain, namespace, ops, **options)
         except ApiException as error:
             # A patch that does not apply to the object as it is now (a failed `test`, a path
             # that is gone) is 422 with no causes; a patched object the server refuses is 422
             # with a cause per field. Only the first means it changed since it was read.
             if error.status == 409 or (error.status == 422 and not _causes(error)):
-                raise PatchConflict(f"Deployment {namespace}/{name} changed since it was read "
+                raise PatchConflict(f"{kind} {namespace}/{plain} changed since it was read "
                                     f"(HTTP {error.status})") from None  # fmt: skip
             if error.status in (400, 403, 422):
-                raise PatchRefused(f"the API server refused the patch of Deployment "
-                                   f"{namespace}/{name}: {refusal(error)}") from None  # fmt: skip
+                raise PatchRefused(f"the API server refused the patch of {kind} "
+                                   f"{namespace}/{plain}: {refusal(error)}") from None  # fmt: skip
             raise
         return dict(json.loads(reply.data))
 

@@ -47,11 +47,24 @@ class InPlaceError(ValueError):
     """A pod that cannot be resized to the record's settings (the message says why)."""
 
 
+REVISION_LABEL = "controller-revision-hash"
+"""The label a StatefulSet's and a DaemonSet's controllers give each pod: its revision."""
+
+
 def owner_replicaset(pod: Pod) -> str | None:
-    """The name of the ReplicaSet that controls the pod, if one does."""
-    for ref in (pod.get("metadata") or {}).get("ownerReferences") or []:
-        if ref.get("kind") == "ReplicaSet" and ref.get("controller"):
+    """The revision a pod belongs to, as an InPlace record names it (``Record.replicaset``):
+    the name of the ReplicaSet that controls a Deployment's pod, or the
+    ``controller-revision-hash`` of a pod a StatefulSet or a DaemonSet controls; None for
+    another pod."""
+    meta = pod.get("metadata") or {}
+    for ref in meta.get("ownerReferences") or []:
+        if not ref.get("controller"):
+            continue
+        if ref.get("kind") == "ReplicaSet":
             return str(ref.get("name"))
+        if ref.get("kind") in ("StatefulSet", "DaemonSet"):
+            revision = (meta.get("labels") or {}).get(REVISION_LABEL)
+            return None if revision is None else str(revision)
     return None
 
 

@@ -1,5 +1,7 @@
-"""A Deployment's running pods, and the two writes InPlace makes to them: a resize through
-the pod's ``resize`` subresource, and the burst annotation (a merge patch of the pod)."""
+"""A workload's running pods (a Deployment's through its current ReplicaSet, a
+StatefulSet's and a DaemonSet's by their current revision), and the two writes InPlace
+makes to them: a resize through the pod's ``resize`` subresource, and the burst annotation
+(a merge patch of the pod)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ from typing import Any, Protocol
 from unthrottle.kube.deployments import PatchRefused, refusal
 
 REVISION = "deployment.kubernetes.io/revision"
+REVISION_LABEL = "controller-revision-hash"
+"""A StatefulSet's or DaemonSet's pod's revision (and its ControllerRevision's)."""
 
 
 class NoResizeSubresource(RuntimeError):
@@ -19,8 +23,10 @@ class PodStore(Protocol):
     """What InPlace reads and writes of pods."""
 
     def current(self, deployment: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]]]:
-        """The Deployment's current ReplicaSet (of its revision) and that ReplicaSet's pods
-        (None, []: none yet)."""
+        """The workload's current revision and its pods: a Deployment's current ReplicaSet
+        (of its revision) by name, a StatefulSet's or DaemonSet's revision by its pods'
+        ``controller-revision-hash`` (None, []: none yet, or a StatefulSet between two
+        revisions under a partition)."""
         ...
 
     def get(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -86,11 +92,39 @@ class KubePods:
     def _opts(self, **more: Any) -> dict[str, Any]:
         return {"_preload_content": False, "_request_timeout": self.timeout_s, **more}
 
+    def _revision(self, workload: dict[str, Any], selector: str) -> str | None:
+        """A StatefulSet's revision (its pods all at one), or a DaemonSet's newest
+        ControllerRevision's hash."""
+        status = workload.get("status") or {}
+        if workload.get("kind") == "StatefulSet":
+            current = status.get("currentRevision")
+            return str(current) if current and current == status.get("updateRevision") else None
+        reply = self.apps.list_namespaced_controller_revision(
+            workload["metadata"]["namespace"], label_selector=selector, **self._opts()
+        )
+        owned = [r for r in json.loads(reply.data).get("items") or []
+                 if _owned_by(r, "DaemonSet", workload["metadata"]["uid"])]  # fmt: skip
+        if not owned:
+            return None
+        newest = max(owned, key=lambda r: int(r.get("revision") or 0))
+        return (newest["metadata"].get("labels") or {}).get(REVISION_LABEL)
+
     def current(self, deployment: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]]]:
         meta = deployment["metadata"]
         namespace = meta["namespace"]
         labels = ((deployment.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
         selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+        kind = deployment.get("kind") or "Deployment"
+        if kind != "Deployment":
+            revision = self._revision(deployment, selector)
+            if revision is None:
+                return None, []
+            reply = self.core.list_namespaced_pod(
+                namespace, label_selector=f"{selector},{REVISION_LABEL}={revision}",
+                **self._opts())  # fmt: skip
+            pods = [p for p in json.loads(reply.data).get("items") or []
+                    if _owned_by(p, kind, meta["uid"])]  # fmt: skip
+            return revision, sorted(pods, key=lambda p: p["metadata"]["name"])
         reply = self.apps.list_namespaced_replica_set(namespace, label_selector=selector,
                                                       **self._opts())  # fmt: skip
         rs = current_replicaset(deployment, json.loads(reply.data).get("items") or [])

@@ -176,6 +176,7 @@ class KubeWorkloadStore:
         selected = list(namespaces)
         listed = [(kind, item) for kind in kinds for item in self._workloads(kind, selected)]
         for kind, item in listed:
+            item.setdefault("kind", kind)  # a list's items have none: Apply reads it
             meta = item.get("metadata", {})
             pod_template = (item.get("spec") or {}).get("template") or {}
             template = pod_template.get("spec") or {}

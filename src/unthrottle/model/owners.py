@@ -61,6 +61,14 @@ def kind_of(reference: str) -> str:
     return kind_and_name(reference)[0]
 
 
+def ref_of(obj: dict[str, object]) -> str:
+    """The reference of a workload object as the API serves it (one of a list has no
+    ``kind``: the lists of unthrottle's stores set it)."""
+    meta = obj.get("metadata")
+    name = str(meta.get("name", "")) if isinstance(meta, dict) else ""
+    return ref(str(obj.get("kind") or DEPLOYMENT), name)
+
+
 def shown(reference: str) -> str:
     """``StatefulSet db``, ``Deployment web``: a workload for people."""
     return " ".join(kind_and_name(reference))

@@ -403,7 +403,8 @@ class ThrottlePolicySpec(_Spec):
 
     selector: LabelSelectorSpec = _section(
         LabelSelectorSpec,
-        "The Deployments of the policy's namespace it manages; empty or absent: all of them.",
+        "The workloads (of its kinds) of the policy's namespace it manages; empty or absent: "
+        "all of them.",
     )
     kinds: list[WorkloadKind] = Field(
         # Deployment only: a policy written before this field covers what it covered then,
@@ -412,9 +413,8 @@ class ThrottlePolicySpec(_Spec):
         min_length=1,
         description="Which kinds of workload the policy covers (at least one, each once). "
         "Pods owned directly by a StatefulSet or a DaemonSet are recognised from their owner "
-        "references (kube-state-metrics' kube_pod_owner, without cluster access). Apply acts "
-        "on Deployments only for now: StatefulSets and DaemonSets are recommended, and an "
-        "Apply policy reports them without changing them.",
+        "references (kube-state-metrics' kube_pod_owner, without cluster access). Apply "
+        "changes each kind, by Rollout or InPlace.",
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
     mode: Literal["Recommend", "Apply"] = Field(

@@ -60,6 +60,10 @@ class OwnerSource(Protocol):
         """The Deployment now, or None when there is none."""
         ...
 
+    def workload(self, kind: str, namespace: str, name: str, *, timeout_s: float) -> Obj | None:
+        """The StatefulSet or DaemonSet now, or None when there is none."""
+        ...
+
 
 class KubeOwners:
     """An :class:`OwnerSource` over ``kubernetes.client`` (AppsV1Api), on a client of its
@@ -91,6 +95,11 @@ class KubeOwners:
 
     def deployment(self, namespace: str, name: str, *, timeout_s: float) -> Obj | None:
         return self._read(self.apps.read_namespaced_deployment, namespace, name, timeout_s)
+
+    def workload(self, kind: str, namespace: str, name: str, *, timeout_s: float) -> Obj | None:
+        method = (self.apps.read_namespaced_stateful_set if kind == "StatefulSet"
+                  else self.apps.read_namespaced_daemon_set)  # fmt: skip
+        return self._read(method, namespace, name, timeout_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +169,20 @@ class PodAdmission:
             raise _Skip(f"no answer within {self.settings.budget_s:g} s")
         return left
 
+    def _direct_record(self, namespace: str, pod: Obj, deadline: float) -> Record | None:
+        """The record of the StatefulSet or DaemonSet that controls ``pod`` (one read)."""
+        for kind in ("StatefulSet", "DaemonSet"):
+            owner = controller_of(pod, kind)
+            if owner is None:
+                continue
+            name, uid = owner
+            found = self.owners.workload(kind, namespace, name,
+                                         timeout_s=self._remaining(deadline))  # fmt: skip
+            if found is None or (uid and found["metadata"].get("uid") != uid):
+                return None  # gone, or another of the same name since
+            return record_of(found)
+        return None
+
     def _record(self, namespace: str, replicaset: str, deadline: float) -> Record | None:
         """The record of the Deployment that controls ``replicaset``, or None."""
         rs = self.owners.replicaset(namespace, replicaset, timeout_s=self._remaining(deadline))
@@ -184,9 +207,12 @@ class PodAdmission:
             return None
         if self.namespaces and namespace not in self.namespaces:
             return None
-        where = f"pod {_pod_name(pod)} of ReplicaSet {replicaset}"
+        direct = controller_of(pod, "ReplicaSet") is None  # a StatefulSet's or DaemonSet's
+        where = (f"pod {_pod_name(pod)} of revision {replicaset}" if direct
+                 else f"pod {_pod_name(pod)} of ReplicaSet {replicaset}")  # fmt: skip
         try:
-            record = self._record(namespace, replicaset, deadline)
+            record = (self._direct_record(namespace, pod, deadline) if direct
+                      else self._record(namespace, replicaset, deadline))  # fmt: skip
             # None, or a patch the API server accepts: InPlaceError (logged) for a request
             # the new limit would fall under, which would keep the pod from being created
             merge = None if record is None else admission_patch(pod, record)

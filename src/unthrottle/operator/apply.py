@@ -51,10 +51,10 @@ from unthrottle.kube.patching import (
 )
 from unthrottle.kube.pods import NoResizeSubresource, PodStore, running
 from unthrottle.metrics.source import MetricsError, MetricsSource
-from unthrottle.model.owners import DEPLOYMENT
+from unthrottle.model.owners import DEPLOYMENT, STATEFULSET, Owners, ref_of
 from unthrottle.model.policy import ThrottlePolicySpec
 from unthrottle.operator.changes import changes_as_read, changes_for, describe, in_ms, percent
-from unthrottle.operator.gates import rollout, skip_reason
+from unthrottle.operator.gates import on_delete, partition, rollout, skip_reason
 from unthrottle.operator.inplace import InPlace, Outcome
 from unthrottle.operator.status import State
 from unthrottle.scan import (
@@ -69,10 +69,19 @@ from unthrottle.units import format_cpu
 
 _log = logging.getLogger("unthrottle.operator")
 
-NOT_APPLIED = ("not applied: Apply changes Deployments only for now; apply this {kind}'s "
-               "recommendation from the report (its kustomize patch) or by hand")  # fmt: skip
-"""The message of a StatefulSet's or a DaemonSet's recommendation in an Apply policy: it is
-recommended (and shown, with its patch, in the report), never patched by the operator."""
+
+WAITS_FOR_RESTARTS = ("its pods take the change when they are restarted (by your own "
+                      "rollout or deletes), and it is verified once every one has")  # fmt: skip
+
+
+def _updated(raw: dict[str, Any]) -> str:
+    """``1 of 3 pods have it``: how far an OnDelete workload's pods took the new template."""
+    status, spec = raw.get("status") or {}, raw.get("spec") or {}
+    if raw.get("kind") == "DaemonSet":
+        done, total = status.get("updatedNumberScheduled"), status.get("desiredNumberScheduled")
+    else:
+        done, total = status.get("updatedReplicas"), spec.get("replicas", 1)
+    return f"{done or 0} of {total or 0} pods have it"
 
 
 ROLLOUT_POLL_S = 5.0
@@ -130,10 +139,7 @@ class Applier:
             vpas = None
             unreadable = ("not changed: unthrottle cannot tell whether a "
                           f"VerticalPodAutoscaler controls its limits ({error})")  # fmt: skip
-        for w in result.workloads:  # recommended, not applied: see NOT_APPLIED
-            if w.kind != DEPLOYMENT and states.get(w.deployment) == State.RECOMMENDED:
-                out[w.deployment] = (State.RECOMMENDED, NOT_APPLIED.format(kind=w.kind))
-        infos = {k: v for k, v in (selection.deployments or {}).items() if v.kind == DEPLOYMENT}
+        infos = selection.deployments or {}
         records: dict[str, Record | None] = {}  # each Deployment's record, read once
         in_flight = 0
         for w in result.workloads:
@@ -224,7 +230,7 @@ class Applier:
                            "the next rollout")  # fmt: skip
             meta = raw["metadata"]
             try:
-                self.deployments.json_patch(meta["namespace"], meta["name"],
+                self.deployments.json_patch(meta["namespace"], ref_of(raw),
                                             record_patch(raw, done))  # fmt: skip
             except Exception as error:  # the API failed: logged, the next one is tried
                 _log.warning("record of %s/%s not closed: %s", meta["namespace"], meta["name"],
@@ -295,7 +301,7 @@ class Applier:
                  note: str = "") -> Outcome:  # fmt: skip
         meta = body["metadata"]
         namespace, policy = meta["namespace"], meta["name"]
-        deployment = raw["metadata"]["name"]
+        deployment = ref_of(raw)
         record = plan(raw, changes, policy=policy, policy_uid=str(meta.get("uid")),
                       policy_generation=int(meta.get("generation") or 0), now=now)  # fmt: skip
         text = "; ".join(describe(c, policy) for c in changes)
@@ -315,6 +321,9 @@ class Applier:
             return State.RECOMMENDED, f"dry run (the API server accepted it): would have {text}"
         self._event(raw, "Normal", "Applied", text + note)
         self._soon(ROLLOUT_POLL_S)
+        if on_delete(raw):
+            return State.VERIFYING, (f"changed: {text}{note}; its updateStrategy is OnDelete: "
+                                     f"{WAITS_FOR_RESTARTS}")  # fmt: skip
         return State.VERIFYING, f"changed: {text}{note}; waiting for the rollout"
 
     # -- in place ----------------------------------------------------------------------
@@ -326,7 +335,7 @@ class Applier:
         meta = body["metadata"]
         namespace, policy = meta["namespace"], meta["name"]
         if rollout(raw) != "done":
-            return State.RECOMMENDED, ("waiting: the Deployment is rolling out; its pods are "
+            return State.RECOMMENDED, (f"waiting: the {w.kind} is rolling out; its pods are "
                                        "resized in place once it is done")  # fmt: skip
         current, pods = self.inplace.pods.current(raw)
         live = sorted(p["metadata"]["name"] for p in pods if running(p))
@@ -401,6 +410,9 @@ class Applier:
         if state == "failed":
             return self._rollback(raw, record, now, "the rollout failed (ProgressDeadlineExceeded)")
         if state == "progressing" and record.rollout_done_at is None:
+            if on_delete(raw):  # nothing to poll for: the team's restarts, whenever they come
+                return State.VERIFYING, (f"{WAITS_FOR_RESTARTS} ({_updated(raw)}): "
+                                         f"{self._describe(record)}")  # fmt: skip
             self._soon(ROLLOUT_POLL_S)
             return State.VERIFYING, f"rolling out: {self._describe(record)}"
         if record.rollout_done_at is None:
@@ -415,9 +427,8 @@ class Applier:
                                      f"{self._describe(record)}")  # fmt: skip
         window = max(60, math.floor(now - record.rollout_done_at))
         try:
-            found = fetch_evidence(
-                self.metrics, [namespace], window, at=now, owners=selection.owners
-            )
+            owners = self._new_revision(raw, selection.owners)
+            found = fetch_evidence(self.metrics, [namespace], window, at=now, owners=owners)
         except MetricsError as error:
             return State.VERIFYING, f"no verdict while Prometheus cannot answer ({error})"
         after: dict[str, float | None] = {}
@@ -467,7 +478,7 @@ class Applier:
                 return State.VERIFYING, ("rollback postponed: the record changed meanwhile: "
                                          "re-read next cycle")  # fmt: skip
             ops, _ = rollback_patch(fresh, record, now=now, reason=reason)
-            self.deployments.json_patch(meta["namespace"], meta["name"], ops)
+            self.deployments.json_patch(meta["namespace"], ref_of(raw), ops)
         except PatchConflict as error:
             return State.VERIFYING, f"rollback postponed: {error}"
         except (PatchPlanError, PatchRefused) as error:
@@ -488,7 +499,7 @@ class Applier:
             fresh = self._fresh(raw)
             if fresh is None:
                 return False
-            self.deployments.json_patch(meta["namespace"], meta["name"],
+            self.deployments.json_patch(meta["namespace"], ref_of(raw),
                                         record_patch(fresh, record))  # fmt: skip
         except Exception:  # a conflict or a failed call: the next cycle re-reads the record
             return False
@@ -503,17 +514,31 @@ class Applier:
         would wait for a reconcile in which no pod changed, which an unhealthy Deployment
         may never have."""
         meta = raw["metadata"]
-        fresh = self.deployments.get(meta["namespace"], meta["name"])
+        fresh = self.deployments.get(meta["namespace"], ref_of(raw))
         if fresh is None or record_text(fresh) != record_text(raw):
             return None
         return fresh
+
+    def _new_revision(self, raw: dict[str, Any], owners: Owners | None) -> Owners | None:
+        """Whose pods a verdict reads: a StatefulSet's updated from its partition up, only
+        its pods at the new revision (``status.updateRevision``, their
+        ``controller-revision-hash``); else every pod (once the rollout is done, the pods
+        that ran since are the new template's)."""
+        status = raw.get("status") or {}
+        if raw.get("kind") != STATEFULSET or not partition(raw) or not status.get("updateRevision"):
+            return owners
+        reference = ref_of(raw)
+        namespace = raw["metadata"]["namespace"]
+        pods = self.deployments.revision_pods(raw, str(status["updateRevision"]))
+        return Owners(pods={(namespace, pod): reference for pod in pods})
 
     @staticmethod
     def _describe(record: Record) -> str:
         return "; ".join(describe(c, record.policy) for c in record.containers)
 
     def _event(self, raw: dict[str, Any], kind: str, reason: str, message: str) -> None:
-        involved = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": raw["metadata"]}
+        involved = {"apiVersion": "apps/v1", "kind": raw.get("kind") or DEPLOYMENT,
+                    "metadata": raw["metadata"]}  # fmt: skip
         try:
             self.objects.event(involved, kind, reason, message)
         except Exception as error:  # an event is worth a log line, not a failed change

@@ -1,4 +1,5 @@
-"""Why Apply mode leaves a Deployment alone: pure checks over the Deployment and its VPAs."""
+"""Why Apply mode leaves a workload alone, and where its rollout stands: pure checks over
+the workload (a Deployment, a StatefulSet or a DaemonSet, by its ``kind``) and its VPAs."""
 
 from __future__ import annotations
 
@@ -28,10 +29,11 @@ def vpa_controlling(deployment: dict[str, Any], vpas: list[dict[str, Any]] | Non
     whose ``controlledResources`` include cpu (the default), changes limits on every
     pod it recreates: a limit we patched would not last."""
     name = (deployment.get("metadata") or {}).get("name")
+    kind = deployment.get("kind") or "Deployment"
     for vpa in vpas or []:
         spec = vpa.get("spec") or {}
         target = spec.get("targetRef") or {}
-        if target.get("kind") != "Deployment" or target.get("name") != name:
+        if target.get("kind") != kind or target.get("name") != name:
             continue
         if (spec.get("updatePolicy") or {}).get("updateMode", "Auto") == "Off":
             continue
@@ -64,8 +66,23 @@ def skip_reason(deployment: dict[str, Any], vpas: list[dict[str, Any]] | None, *
     return None
 
 
+def on_delete(workload: dict[str, Any]) -> bool:
+    """A StatefulSet or DaemonSet whose pods take a new template only when deleted
+    (``updateStrategy.type: OnDelete``): nothing restarts after a patch."""
+    strategy = ((workload.get("spec") or {}).get("updateStrategy") or {}).get("type")
+    return workload.get("kind") in ("StatefulSet", "DaemonSet") and strategy == "OnDelete"
+
+
 def rollout(deployment: dict[str, Any]) -> str:
-    """``done``, ``failed`` or ``progressing``, from the Deployment's status."""
+    """``done``, ``failed`` or ``progressing``, from the workload's status: what ``kubectl
+    rollout status`` says for its kind (k8s.io/kubectl's polymorphichelpers), and for a
+    Deployment, also that old pods still terminating are gone. With ``OnDelete``, done once
+    every pod has been restarted onto the new template."""
+    kind = deployment.get("kind") or "Deployment"
+    if kind == "StatefulSet":
+        return _statefulset_rollout(deployment)
+    if kind == "DaemonSet":
+        return _daemonset_rollout(deployment)
     meta, spec = deployment.get("metadata") or {}, deployment.get("spec") or {}
     status = deployment.get("status") or {}
     for condition in status.get("conditions") or []:
@@ -85,3 +102,36 @@ def rollout(deployment: dict[str, Any]) -> str:
     ):
         return "done"
     return "progressing"
+
+
+def _observed(workload: dict[str, Any]) -> bool:
+    meta, status = workload.get("metadata") or {}, workload.get("status") or {}
+    seen = status.get("observedGeneration") or 0
+    return bool(seen) and seen >= (meta.get("generation") or 0)
+
+
+def partition(statefulset: dict[str, Any]) -> int:
+    """The ordinal from which a StatefulSet's RollingUpdate updates pods (0: all)."""
+    strategy = (statefulset.get("spec") or {}).get("updateStrategy") or {}
+    return int((strategy.get("rollingUpdate") or {}).get("partition") or 0)
+
+
+def _statefulset_rollout(sts: dict[str, Any]) -> str:
+    """kubectl's StatefulSetStatusViewer: the spec observed, every replica ready, and the
+    pods from the partition up updated (OnDelete: every pod, once the team restarted it)."""
+    spec, status = sts.get("spec") or {}, sts.get("status") or {}
+    replicas = spec.get("replicas", 1)
+    if not _observed(sts) or (status.get("readyReplicas") or 0) < replicas:
+        return "progressing"
+    wanted = replicas if on_delete(sts) else replicas - partition(sts)
+    return "done" if (status.get("updatedReplicas") or 0) >= wanted else "progressing"
+
+
+def _daemonset_rollout(ds: dict[str, Any]) -> str:
+    """kubectl's DaemonSetStatusViewer: the spec observed, every node's pod updated and
+    available."""
+    status = ds.get("status") or {}
+    desired = status.get("desiredNumberScheduled") or 0
+    if not _observed(ds) or (status.get("updatedNumberScheduled") or 0) < desired:
+        return "progressing"
+    return "done" if (status.get("numberAvailable") or 0) >= desired else "progressing"

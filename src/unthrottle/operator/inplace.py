@@ -61,6 +61,7 @@ from unthrottle.kube.pods import NoResizeSubresource, PodStore, present, running
 from unthrottle.metrics.promql import pod_burst_query, pod_counter_queries
 from unthrottle.metrics.source import MetricsError, MetricsSource
 from unthrottle.model.burst import BURST_ANNOTATION
+from unthrottle.model.owners import DEPLOYMENT, ref_of
 from unthrottle.model.policy import ThrottlePolicySpec
 from unthrottle.operator.status import State
 from unthrottle.scan import canary_ratios
@@ -128,12 +129,12 @@ class InPlace:
         own write gives, so a later change by someone else is seen as one."""
         meta = raw["metadata"]
         for _ in range(WRITE_ATTEMPTS):
-            fresh = self.deployments.get(meta["namespace"], meta["name"])
+            fresh = self.deployments.get(meta["namespace"], ref_of(raw))
             if fresh is None or (not first and record_text(fresh) != record_text(raw)):
                 return None
             record = replace(record, generation=int(fresh["metadata"].get("generation") or 0) + 1)
             try:
-                return self.deployments.json_patch(meta["namespace"], meta["name"],
+                return self.deployments.json_patch(meta["namespace"], ref_of(raw),
                                                    record_patch(fresh, record))  # fmt: skip
             except PatchConflict:
                 # the Deployment controller writes the status after each of our writes (the
@@ -230,8 +231,9 @@ class InPlace:
         current, pods = self.pods.current(raw)
         if current != record.replicaset:
             closed = replace(record, verdict="Superseded", verdict_at=now,
-                             verdict_reason=f"a rollout replaced ReplicaSet {record.replicaset}"
-                             f" ({current} now); its new pods are left alone")  # fmt: skip
+                             verdict_reason=f"a rollout replaced {_revision(raw)} "
+                             f"{record.replicaset} ({current} now); its new pods are left "
+                             "alone")  # fmt: skip
             self.write(raw, closed)
             return State.RECOMMENDED, (f"{closed.verdict_reason}: recommended again from their "
                                        "evidence")  # fmt: skip
@@ -393,7 +395,7 @@ class InPlace:
             record,
             verdict="Applied",
             verdict_at=now,
-            verdict_reason=f"{len(alive)} pods resized in place, "
+            verdict_reason=f"{len(alive)} pods resized in place{_whole(raw, alive)}, "
             f"{_restarts(sample, record) if sample else 'none restarted'}",
         )
         if self.write(raw, done) is None:
@@ -454,6 +456,20 @@ class InPlace:
             return State.VERIFYING, "the record changed meanwhile: re-read next cycle"
         self.event(raw, "Warning", "RolledBack", f"rolled back in place: {record.undo}")
         return State.ROLLED_BACK, f"rolled back: {record.undo}"
+
+
+def _revision(raw: dict[str, Any]) -> str:
+    """What a Deployment's pods belong to (its ReplicaSet), or another kind's (a revision)."""
+    kind = raw.get("kind") or DEPLOYMENT
+    return "ReplicaSet" if kind == DEPLOYMENT else f"{kind} revision"
+
+
+def _whole(raw: dict[str, Any], alive: dict[str, dict[str, Any]]) -> str:
+    """`` (the canary was the whole StatefulSet: one pod)``: a verdict on one pod alone,
+    which no canary could spare (a single database; a DaemonSet on one node)."""
+    if len(alive) != 1:
+        return ""
+    return f" (the canary was the whole {raw.get('kind') or DEPLOYMENT}: one pod)"
 
 
 def _restarts(pod: dict[str, Any], record: Record) -> str:

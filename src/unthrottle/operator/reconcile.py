@@ -22,7 +22,7 @@ from unthrottle.kube.objects import NotOwnedError, ObjectStore
 from unthrottle.kube.pods import PodStore
 from unthrottle.kube.workloads import WorkloadStore
 from unthrottle.metrics.source import MetricsError, MetricsSource
-from unthrottle.model.owners import ref
+from unthrottle.model.owners import KINDS, ref
 from unthrottle.model.policy import SpecError, ThrottlePolicySpec, parse_spec
 from unthrottle.model.status import ThrottlePolicyStatus
 from unthrottle.operator.apply import Applier
@@ -105,7 +105,7 @@ class Reconciler:
             return
         namespace = (body.get("metadata") or {}).get("namespace") or ""
         try:
-            listed = self.workloads.deployments([namespace])
+            listed = self.workloads.deployments([namespace], KINDS)  # its records, any kind
         except Exception as error:  # the records stay; the webhook checks the policy too
             _log.warning("policy %s deleted: its records not closed: %s", namespace, error)
             return
