@@ -232,7 +232,14 @@ def test_apply_in_place_by_the_operator_pod_is_actuated_by_the_kubelet_without_r
     record = kube.until("the operator's verdict", lambda: record_of(
         kube.get(DEPLOYMENTS, ns, APP) or {}), lambda r: r is not None and r.verdict is not None,
         timeout_s=240)  # fmt: skip
-    assert record is not None and record.verdict == "Applied", record
+    assert record is not None
+    if record.verdict != "Applied":  # what the operator pod saw, for the one who reads this
+        (operator,) = journey.pods("operator")
+        said = pod_log(kube, RELEASE_NS, operator["metadata"]["name"])
+        pytest.fail(
+            f"{record.verdict}: {record.verdict_reason} (record {record}); the "
+            f"operator pod's log ends:\n{said[-4000:]}"
+        )
     assert quota is not None and quota == (record.containers[0].after.cpu_limit or 0) * 100
     journey.applied_quota = quota
 
