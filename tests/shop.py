@@ -61,6 +61,11 @@ class Workload:
     """Deployment, StatefulSet or DaemonSet: its pods are named as its controller names
     them, and :func:`deploy` makes its object."""
 
+    pod_level: bool = False
+    """Its limit is the pod's (``spec.resources``) and its container has none: the pod
+    cgroup (``container=""``) has the series too, and the container's cgroup the same
+    quota (the kubelet gives a container without a limit its pod's)."""
+
     def period_of(self, pod: int) -> float:
         """The CFS period of the node pod number ``pod`` runs on, s."""
         return self.cfs_periods[pod % len(self.cfs_periods)] if self.cfs_periods else 0.1
@@ -108,27 +113,37 @@ def openmetrics(workloads: list[Workload], end: int, span: int = DAY, step: int 
 
     for w in workloads:
         for p, pod in enumerate(w.pod_names()):
-            labels = f'namespace="{w.namespace}",pod="{pod}",container="{w.container}"'
+            container = f'namespace="{w.namespace}",pod="{pod}",container="{w.container}"'
             if w.base == 0:
                 continue
             throttled = w.throttled_share()
             mean = (1 - w.share) * w.base + w.share * w.burst
             period = w.period_of(p)  # the kernel counts periods at its node's period
-            for metric, rate in (("usage_seconds", min(mean, w.limit)),
-                                 ("cfs_periods", 1 / period),
-                                 ("cfs_throttled_periods", throttled / period),
-                                 ("cfs_throttled_seconds", throttled / 2)):  # fmt: skip
-                emit(f"container_cpu_{metric}_total", labels, rate)
-            if w.cfs_periods:  # a gauge: its value, not a rate
-                lines.extend(f"unthrottle_cpu_cfs_period_seconds{{{labels}}} {period} {t}"
-                             for t in times)  # fmt: skip
-            for le, bound in zip(BOUNDS, (*BUCKETS_CORES, math.inf), strict=True):
-                emit("unthrottle_cpu_demand_cores_bucket", f'{labels},le="{le}"',
-                     10 * cdf(w.base, w.share, w.burst, bound))  # fmt: skip
-            if w.backlog:
-                for name, extra, rate in backlog_rates(w.base, w.share, w.burst):
-                    emit(name, f"{labels},{extra}" if extra else labels, rate)
+            cgroups = [container]
+            if w.pod_level:  # the pod cgroup's too (its container has the same quota)
+                cgroups.append(f'namespace="{w.namespace}",pod="{pod}",container=""')
+            for labels in cgroups:
+                _cgroup(w, labels, emit, lines, times, mean, throttled, period)
     return "\n".join(lines) + "\n"
+
+
+def _cgroup(w: Workload, labels: str, emit: Any, lines: list[str], times: range,
+            mean: float, throttled: float, period: float) -> None:  # fmt: skip
+    """One cgroup's series: cAdvisor's counters and the agent's gauge and histograms."""
+    for metric, rate in (("usage_seconds", min(mean, w.limit)),
+                         ("cfs_periods", 1 / period),
+                         ("cfs_throttled_periods", throttled / period),
+                         ("cfs_throttled_seconds", throttled / 2)):  # fmt: skip
+        emit(f"container_cpu_{metric}_total", labels, rate)
+    if w.cfs_periods:  # a gauge: its value, not a rate
+        lines.extend(f"unthrottle_cpu_cfs_period_seconds{{{labels}}} {period} {t}"
+                     for t in times)  # fmt: skip
+    for le, bound in zip(BOUNDS, (*BUCKETS_CORES, math.inf), strict=True):
+        emit("unthrottle_cpu_demand_cores_bucket", f'{labels},le="{le}"',
+             10 * cdf(w.base, w.share, w.burst, bound))  # fmt: skip
+    if w.backlog:
+        for name, extra, rate in backlog_rates(w.base, w.share, w.burst):
+            emit(name, f"{labels},{extra}" if extra else labels, rate)
 
 
 def deployment(w: Workload) -> dict[str, Any]:
@@ -142,6 +157,10 @@ def deployment(w: Workload) -> dict[str, Any]:
         kind_spec = {}
     if w.kind != "Deployment":  # kwok's nodes only: no pod of theirs on the real node
         placement = {"nodeSelector": {"type": "kwok"}}
+    resources = {"limits": {"cpu": f"{round(w.limit * 1000)}m"},
+                 "requests": {"cpu": f"{round(w.limit * 500)}m"}}  # fmt: skip
+    if w.pod_level:  # the pod's, its container's none (Kubernetes 1.34: beta, on)
+        placement = {**placement, "resources": resources}
     return {
         "apiVersion": "apps/v1",
         "kind": w.kind,
@@ -154,9 +173,7 @@ def deployment(w: Workload) -> dict[str, Any]:
                 "metadata": {"labels": {"app": w.name}},
                 "spec": {**placement, "containers": [{
                     "name": w.container, "image": "registry.example/shop:1",
-                    "env": env,
-                    "resources": {"limits": {"cpu": f"{round(w.limit * 1000)}m"},
-                                  "requests": {"cpu": f"{round(w.limit * 500)}m"}},
+                    "env": env, "resources": {} if w.pod_level else resources,
                 }]},
             },
         },

@@ -12,7 +12,10 @@ client certificate, allowed ``nodes/metrics``).
   pod-level quota) and its pause container's, told apart only by ``id``;
 - ``unthrottle recommend`` runs on cAdvisor's own series alone (their label set: ``id``,
   ``image``, ``name``; the pause container's ``container=""``) and sizes the one container
-  of the pod's spec, from its throttling.
+  of the pod's spec, from its throttling;
+- a pod whose limit is the pod's (``spec.resources``), its container unlimited: the
+  kubelet writes that quota on the pod cgroup and on the container's, and ``recommend``
+  sizes the pod's row ``(pod)`` from cAdvisor's ``container=""`` series.
 """
 
 from __future__ import annotations
@@ -209,20 +212,26 @@ def test_the_agents_series_join_cadvisors_on_namespace_pod_and_container(
             assert ids and all(i == pod_cgroup or i.startswith(pod_cgroup + "/") for i in ids), ids
 
 
+def throttled_in_prometheus(kube: Kube, url: str, pod: dict[str, Any], container: str) -> None:
+    """Wait for enough of cAdvisor's samples of the cgroup's throttling for increase() over
+    a minute (two housekeepings)."""
+    labels = (f'namespace="{pod["metadata"]["namespace"]}",pod="{pod["metadata"]["name"]}",'
+              f'container="{container}"')  # fmt: skip
+    kube.until(f"cAdvisor's throttling of {container or 'the pod cgroup'} in Prometheus",
+               lambda: query(url, f"increase(container_cpu_cfs_throttled_periods_total"
+                                  f"{{{labels}}}[1m])"),
+               lambda r: bool(r) and float(r[0]["value"][1]) > 0, timeout_s=90)  # fmt: skip
+
+
 def test_recommend_runs_on_the_kubelets_own_cadvisor_series(
     kube: Kube, real_node: RealNode, control_plane: ControlPlane, prometheus: Path,
     tmp_path: Path,
 ) -> None:  # fmt: skip
     pod = _running(kube, real_node, "sized")
-    name, ns = pod["metadata"]["name"], kube.namespace
+    ns = kube.namespace
     with PrometheusServer(prometheus, scrape="scrape_configs:\n"
                           + cadvisor_scrape(real_node)) as prom:  # fmt: skip
-        # enough of cAdvisor's samples for increase() over the window: two housekeepings
-        kube.until("cAdvisor's throttling of the container in Prometheus",
-                   lambda: query(prom.url, "increase(container_cpu_cfs_throttled_periods_total"
-                                           f'{{namespace="{ns}",pod="{name}",'
-                                           'container="app"}[1m])'),
-                   lambda r: bool(r) and float(r[0]["value"][1]) > 0, timeout_s=90)  # fmt: skip
+        throttled_in_prometheus(kube, prom.url, pod, "app")
         labels = query(prom.url, f'container_cpu_usage_seconds_total{{namespace="{ns}"}}')
         kubeconfig = kube.kubeconfig(tmp_path / "kubeconfig")
         done = subprocess.run([
@@ -243,3 +252,32 @@ def test_recommend_runs_on_the_kubelets_own_cadvisor_series(
     assert container["current"]["limit_millicores"] == 500, container["current"]
     assert container["throttle_ratio"] > 0.05, container
     assert container["recommendation"]["limit_millicores"] > 500, container
+
+
+def test_a_pod_level_limit_is_the_pod_cgroups_quota_and_recommend_sizes_the_pod(
+    kube: Kube, real_node: RealNode, layout: Layout, prometheus: Path, tmp_path: Path,
+) -> None:  # fmt: skip
+    pod = _running(kube, real_node, "pooled", cpu_limit=None, cpu_request="250m",
+                   pod_cpu_limit="500m")  # fmt: skip
+    ns = kube.namespace
+    own = _container_cgroup(real_node, layout, pod)
+    pod_cgroup = Cgroup(layout, own.path.rsplit("/", 1)[0])
+    # the kubelet (PodLevelResources, on since 1.34) writes the pod's limit on the pod
+    # cgroup, and on the container's, which has none of its own, the same
+    assert pod_cgroup.read_bandwidth().quota_us == 50_000
+    assert own.read_bandwidth().quota_us == 50_000
+    with PrometheusServer(prometheus, scrape="scrape_configs:\n"
+                          + cadvisor_scrape(real_node)) as prom:  # fmt: skip
+        throttled_in_prometheus(kube, prom.url, pod, "")  # the pod cgroup's
+        done = subprocess.run([
+            str(UNTHROTTLE), "recommend", "--prometheus", prom.url,
+            "--kubeconfig", str(kube.kubeconfig(tmp_path / "kubeconfig")), "--namespace", ns,
+            "--window", "5m", "--format", "json",
+        ], capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    (workload,) = [w for w in json.loads(done.stdout)["workloads"] if w["name"] == "pooled"]
+    (row,) = workload["containers"]  # the pod's: "app" has no limit of its own
+    assert row["name"] == "(pod)", workload
+    assert row["current"]["limit_millicores"] == 500, row["current"]
+    assert row["throttle_ratio"] > 0.05, row
+    assert row["recommendation"]["limit_millicores"] > 500, row

@@ -19,13 +19,13 @@ import pytest
 from kube import Kube
 from prom import PrometheusServer, requires_prometheus
 from shop import Workload, deploy, openmetrics
+from support.policies import POLICIES, create_policy, drop_policies, reconciler
 from support.report_counters import http_queries
 from unthrottle_lab.kube import ControlPlane
 
 pytestmark = requires_prometheus
 
 UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
-POLICIES = "unthrottle.io/v1alpha1/throttlepolicies"
 
 WEB = Workload("kinds", "web", 0.1, 0.10, 1.2, 0.5, 2)
 DB = Workload("kinds", "db", 0.1, 0.15, 1.4, 0.8, 3, kind="StatefulSet")
@@ -167,42 +167,18 @@ def test_csv_markdown_and_kustomize_name_each_kind(world: World, tmp_path: Path)
 
 
 def _reconciler(world: World, apply: bool) -> Any:
-    from kubernetes import client
-
-    from unthrottle.kube.deployments import KubeDeployments
-    from unthrottle.kube.objects import KubeObjects
-    from unthrottle.kube.workloads import KubeWorkloadStore
-    from unthrottle.metrics.source import PrometheusConfig, PrometheusSource
-    from unthrottle.operator.reconcile import Reconciler
-    from unthrottle.operator.settings import OperatorSettings
-
-    source = PrometheusSource(PrometheusConfig(world.prometheus, retries=0))
-    api = world.kube.api_client()
-    return Reconciler(
-        OperatorSettings(source.config), metrics=source,
-        workloads=KubeWorkloadStore(client.CoreV1Api(api), client.AppsV1Api(api)),
-        objects=KubeObjects(api), deployments=KubeDeployments(api) if apply else None,
-    )  # fmt: skip
+    return reconciler(world.kube, world.prometheus, apply=apply)
 
 
 def _policy(world: World, name: str, spec: dict[str, Any]) -> dict[str, Any]:
-    world.kube.create(POLICIES, {
-        "apiVersion": "unthrottle.io/v1alpha1", "kind": "ThrottlePolicy",
-        "metadata": {"namespace": world.namespace, "name": name}, "spec": spec,
-    })  # fmt: skip
-    body = world.kube.get(POLICIES, world.namespace, name)
-    assert body is not None
-    return body
+    return create_policy(world.kube, world.namespace, name, spec)
 
 
 @pytest.fixture
 def policies(world: World) -> Iterator[None]:
     """The test's policies go with it (the recommend tests have none)."""
     yield
-    for policy in world.kube.list(POLICIES, world.namespace):
-        world.kube.delete(POLICIES, world.namespace, policy["metadata"]["name"])
-    world.kube.until("the policies gone", lambda: world.kube.list(POLICIES, world.namespace),
-                     lambda left: not left)  # fmt: skip
+    drop_policies(world.kube, world.namespace)
 
 
 def _templates(world: World) -> dict[str, Any]:

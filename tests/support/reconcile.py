@@ -15,13 +15,13 @@ import pytest
 from kube import Kube
 from kube_faults import FaultProxy
 from shop import Workload, deployment
+from support.policies import POLICIES, drop_policies
 from unthrottle.kube.objects import KubeObjects
 from unthrottle.kube.workloads import KubeWorkloadStore
 from unthrottle.metrics.source import PrometheusSource
 from unthrottle.operator.reconcile import Reconciler
 from unthrottle.operator.settings import OperatorSettings
 
-POLICIES = "unthrottle.io/v1alpha1/throttlepolicies"
 MANY = [Workload("big", f"svc-{i:02d}", 0.1, 0.02 * (i % 5), 1.2, 0.5, 1) for i in range(12)]
 LONGEST = "checkout-payments-eu-west-1-production-cpu-throttling-policy-v2"
 """A policy name at the CRD's limit: 63 characters, the longest label value."""
@@ -67,10 +67,7 @@ class World:
 def one_policy_at_a_time(world: World) -> Iterator[None]:
     """Each test's policies go with it: two at once would conflict over the Deployments."""
     yield
-    for policy in world.kube.list(POLICIES, world.namespace):
-        world.kube.delete(POLICIES, world.namespace, policy["metadata"]["name"])
-    world.kube.until("the policies gone", lambda: world.kube.list(POLICIES, world.namespace),
-                     lambda left: not left)  # fmt: skip
+    drop_policies(world.kube, world.namespace)
 
 
 def test_status_keeps_the_most_harmful_and_says_how_many_were_left_out(world: World) -> None:

@@ -52,9 +52,9 @@ from unthrottle.metrics.promql import (
     BACKLOG_COUNTER,
     BY_BACKLOG,
     BY_CONTAINER,
-    CONTAINERS,
     PERIOD_GAUGE,
     RECORDED,
+    WITH_PODS,
     duration,
     evidence_counter_queries,
     namespaces_matcher,
@@ -152,7 +152,8 @@ def batch_queries(
     # the agent's period gauge rides along with the limits (told apart by metric name):
     # the two never share a label set, since kube-state-metrics' has a resource label
     limits = selector("kube_pod_container_resource_limits", ns, 'resource="cpu"')
-    out["limits"] = f"{limits} or {selector(PERIOD_GAUGE, ns, *CONTAINERS)}"
+    # … with the pods' own cgroups: a pod-level limit's row is sized at its pod's period
+    out["limits"] = f"{limits} or {selector(PERIOD_GAUGE, ns, *WITH_PODS)}"
     out["requests"] = selector("kube_pod_container_resource_requests", ns, 'resource="cpu"')
     return out
 

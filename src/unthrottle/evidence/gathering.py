@@ -16,6 +16,7 @@ from unthrottle.metrics.promql import (
     PRESSURE_SOURCE,
 )
 from unthrottle.model.owners import Owners
+from unthrottle.model.podlevel import POD_ROW
 from unthrottle.units import MAX_PERIOD_US, MIN_PERIOD_US
 
 COUNTER_FIELDS = {  # query name → ContainerEvidence field
@@ -72,6 +73,8 @@ def gather(
         item = None
         if deploy is not None and ident[2] and ident[2] != "POD":
             item = (WorkloadKey(ident[0], deploy, ident[2]), ident[1])
+        elif deploy is not None and not ident[2] and (ident[0], deploy) in owners.pod_level:
+            item = (WorkloadKey(ident[0], deploy, POD_ROW), ident[1])  # the pod's own limit
         seen[ident] = item
         return item
 
@@ -106,6 +109,10 @@ def gather(
                 into = "burst_periods" if name == "periods" else "burst_s"
             elif labels.get("container", "") == "":
                 pods.add(owners, labels, name, at, values)
+                items = evidence(labels, at)  # None unless the pod's limit is a row
+                for item, value in zip(items or (), values, strict=False):
+                    if math.isfinite(value):
+                        setattr(item, into, (getattr(item, into) or 0.0) + value)
                 continue
             items = evidence(labels, at)
             pods.note(labels, name, at, items, values)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -28,6 +29,7 @@ from unthrottle.model.burst import (
     BurstSpec,
     burst_specs,
 )
+from unthrottle.model.podlevel import POD_ROW, is_pod_row
 from unthrottle.units import DEFAULT_PERIOD_US, format_cpu, parse_cpu, quota_of
 
 RECORD_ANNOTATION = "unthrottle.io/last-applied"
@@ -191,6 +193,23 @@ def _index(deployment: dict[str, Any], name: str) -> int:
     raise PatchPlanError(f"the pod template has no container {name!r}")
 
 
+def _rows(deployment: dict[str, Any], names: Iterable[str]
+          ) -> tuple[dict[str, int], dict[str, tuple[str, dict[str, Any]]]]:  # fmt: skip
+    """The containers' indexes (what :func:`_guard` tests), and each row's JSON pointer
+    and object: a container's, or for the pod-level limit's row
+    (:data:`~unthrottle.model.podlevel.POD_ROW`) the pod template's spec, whose
+    ``resources`` it is."""
+    names = list(names)
+    indexes = {name: _index(deployment, name) for name in names if not is_pod_row(name)}
+    containers = _containers(deployment)
+    rows = {name: (pointer("spec", "template", "spec", "containers", i), containers[i])
+            for name, i in indexes.items()}  # fmt: skip
+    if any(is_pod_row(name) for name in names):
+        spec = ((deployment.get("spec") or {}).get("template") or {}).get("spec") or {}
+        rows[POD_ROW] = (pointer("spec", "template", "spec"), spec)
+    return indexes, rows
+
+
 def burst_text(burst_us: int) -> str:
     """A burst as our annotation writes it: ``20ms``, ``2500us``, ``0``."""
     if burst_us == 0:
@@ -319,16 +338,14 @@ def _record_ops(deployment: dict[str, Any], record: Record) -> list[dict[str, An
 def apply_patch(deployment: dict[str, Any], record: Record) -> list[dict[str, Any]]:
     """The patch that makes the record's ``after`` settings true, and writes the record."""
     changes = list(record.containers)
-    indexes = {c.name: _index(deployment, c.name) for c in changes}
+    indexes, rows = _rows(deployment, (c.name for c in changes))
     ops = _guard(deployment, indexes)
-    containers = _containers(deployment)
     for c in changes:
-        i = indexes[c.name]
-        base = pointer("spec", "template", "spec", "containers", i)
+        base, row = rows[c.name]
         if c.after.cpu_limit != c.before.cpu_limit:
-            _set_limit(containers[i], base, c.after.cpu_limit, ops)
+            _set_limit(row, base, c.after.cpu_limit, ops)
         if c.gomaxprocs_ours and c.after.gomaxprocs != c.before.gomaxprocs:
-            _set_env(containers[i], base, c.after.gomaxprocs, ops)
+            _set_env(row, base, c.after.gomaxprocs, ops)
     if record.burst_key is not None:
         template_meta = deployment["spec"]["template"].get("metadata")
         ops += _annotation_ops(template_meta, "/spec/template/metadata", record.burst_key,
@@ -364,16 +381,15 @@ def rollback_patch(deployment: dict[str, Any], record: Record, *, now: float,
 
     Only values still as the record left them are restored: a limit somebody changed
     since is theirs, and the rollback says so (PatchPlanError) rather than overwrite it."""
-    indexes = {c.name: _index(deployment, c.name) for c in record.containers}
-    containers = _containers(deployment)
+    indexes, rows = _rows(deployment, (c.name for c in record.containers))
     ops = _guard(deployment, indexes)
     for c in record.containers:
-        container = containers[indexes[c.name]]
+        base, container = rows[c.name]
         limit = ((container.get("resources") or {}).get("limits") or {}).get("cpu")
         if (parse_cpu(limit) if limit is not None else None) != c.after.cpu_limit:
-            raise PatchPlanError(f"container {c.name}'s CPU limit changed since unthrottle set "
+            what = "the pod's" if is_pod_row(c.name) else f"container {c.name}'s"
+            raise PatchPlanError(f"{what} CPU limit changed since unthrottle set "
                                  f"it ({limit}): left as it is")  # fmt: skip
-        base = pointer("spec", "template", "spec", "containers", indexes[c.name])
         if c.after.cpu_limit != c.before.cpu_limit:
             _set_limit(container, base, c.before.cpu_limit, ops)
         if c.gomaxprocs_ours and c.after.gomaxprocs != c.before.gomaxprocs:
@@ -395,7 +411,9 @@ def template_fingerprint(deployment: dict[str, Any]) -> str:
     annotations = (template.get("metadata") or {}).get("annotations") or {}
     for key in (BURST_ANNOTATION, KOORDINATOR_ANNOTATION):
         annotations.pop(key, None)
-    for c in (template.get("spec") or {}).get("containers") or []:
+    spec = template.get("spec") or {}
+    ((spec.get("resources") or {}).get("limits") or {}).pop("cpu", None)  # a pod-level limit
+    for c in spec.get("containers") or []:
         ((c.get("resources") or {}).get("limits") or {}).pop("cpu", None)
         c["env"] = [e for e in c.get("env") or [] if e.get("name") != "GOMAXPROCS"]
     text = json.dumps(template, sort_keys=True, separators=(",", ":"))

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from unthrottle.model.burst import BurstAnnotationError, BurstSpec, burst_specs, spec_for
 from unthrottle.model.owners import DAEMONSET, DEPLOYMENT, STATEFULSET, Owners, ref
+from unthrottle.model.podlevel import POD_ROW
 from unthrottle.model.runtime import Runtime
 from unthrottle.units import parse_cpu, quota_of
 
@@ -111,6 +112,34 @@ def container_spec(raw: dict[str, Any]) -> ContainerSpec:
     )
 
 
+def pod_row(template: dict[str, Any]) -> ContainerSpec | None:
+    """The pod-level limit of a pod template's spec (``spec.resources``), as a row
+    (:mod:`unthrottle.model.podlevel`); None when it sets no CPU limit for the pod."""
+    resources = template.get("resources") or {}
+    limit = (resources.get("limits") or {}).get("cpu")
+    if limit is None:
+        return None
+    request = (resources.get("requests") or {}).get("cpu")
+    return ContainerSpec(
+        name=POD_ROW,
+        limit_millicores=parse_cpu(limit),
+        request_millicores=parse_cpu(request) if request is not None else 0,
+    )
+
+
+def template_rows(template: dict[str, Any], annotations: dict[str, str],
+                  meta: dict[str, Any]) -> list[ContainerSpec]:  # fmt: skip
+    """The rows a pod template gives: its containers, or, under a pod-level limit, its
+    containers with a limit of their own and the pod's row (the others are throttled by
+    the pod's quota alone, which the pod's row sizes)."""
+    specs = [_with_burst(container_spec(c), annotations, meta)
+             for c in template.get("containers") or []]  # fmt: skip
+    pod = pod_row(template)
+    if pod is None:
+        return specs
+    return [*(c for c in specs if c.limit_millicores is not None), pod]
+
+
 def _with_burst(
     spec: ContainerSpec, annotations: dict[str, str], meta: dict[str, Any]
 ) -> ContainerSpec:
@@ -181,10 +210,7 @@ class KubeWorkloadStore:
             pod_template = (item.get("spec") or {}).get("template") or {}
             template = pod_template.get("spec") or {}
             annotations = (pod_template.get("metadata") or {}).get("annotations") or {}
-            specs = [
-                _with_burst(container_spec(c), annotations, meta)
-                for c in template.get("containers") or []
-            ]
+            specs = template_rows(template, annotations, meta)
             out.append(DeploymentInfo(meta.get("namespace", ""), meta.get("name", ""),
                                       {c.name: c for c in specs},
                                       dict(meta.get("labels") or {}),

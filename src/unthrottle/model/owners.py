@@ -98,6 +98,10 @@ class Owners:
     replicasets: dict[tuple[str, str], str] = field(default_factory=dict)
     direct: dict[tuple[str, str], str] = field(default_factory=dict)
     """StatefulSets and DaemonSets (they own their pods directly), by name → kind."""
+    pod_level: set[tuple[str, str]] = field(default_factory=set)
+    """(namespace, workload reference) of the workloads whose pods have a CPU limit of
+    their own (``spec.resources``): their pods' cgroups are evidence of a row
+    (:mod:`unthrottle.model.podlevel`), known from the Kubernetes API only."""
 
     def workload_of(self, namespace: str, pod: str) -> str | None:
         """The reference of the pod's workload: from its owner reference, else from its

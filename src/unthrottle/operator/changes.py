@@ -14,6 +14,7 @@ from unthrottle.kube.patching import (
     Settings,
     record_of,
 )
+from unthrottle.model.podlevel import POD_ROW
 from unthrottle.model.policy import ThrottlePolicySpec
 from unthrottle.scan import (
     WorkloadResult,
@@ -64,7 +65,10 @@ def changes_for(workload: WorkloadResult, raw: dict[str, Any], spec: ThrottlePol
     """The containers whose recommendation changes something, as valid changes only:
     never a limit below the request, a quota under 1 ms or a burst above the quota, each
     at the container's own CFS period (the kubelet writes ``limit × period / 1000`` µs)."""
-    containers = {c.get("name"): c for c in raw["spec"]["template"]["spec"].get("containers", [])}
+    template = raw["spec"]["template"]["spec"]
+    containers = {c.get("name"): c for c in template.get("containers", [])}
+    if ((template.get("resources") or {}).get("limits") or {}).get("cpu") is not None:
+        containers[POD_ROW] = template  # the pod-level limit's row (model.podlevel)
     ours_before = {c.name: c.after.gomaxprocs for c in (previous.containers if previous else ())}
     out = []
     for c in workload.containers:

@@ -30,6 +30,7 @@ from typing import Any
 import yaml
 
 from unthrottle.model.burst import BURST_ANNOTATION
+from unthrottle.model.podlevel import is_pod_row
 from unthrottle.report import units
 from unthrottle.report.model import Container, Report, ReportError, Workload
 from unthrottle.units import format_cpu
@@ -63,7 +64,10 @@ def burst_annotation(w: Workload) -> str | None:
     if not wanted:
         return None
     bursts = {c.name: (c.recommendation.burst_us if c.recommendation and c.managed
-                       else c.current.burst_us) for c in w.containers}  # fmt: skip
+                       else c.current.burst_us)
+              for c in w.containers if not is_pod_row(c.name)}  # fmt: skip
+    if not bursts:
+        return None
     if len(set(bursts.values())) == 1:
         return _amount(next(iter(bursts.values())))
     return ",".join(f"{name}={_amount(us)}" for name, us in bursts.items() if us) or "0"
@@ -71,7 +75,7 @@ def burst_annotation(w: Workload) -> str | None:
 
 def _container(c: Container) -> dict[str, Any] | None:
     change = c.change()
-    entry: dict[str, Any] = {"name": _name(c.name, "container")}
+    entry: dict[str, Any] = {"name": c.name if is_pod_row(c.name) else _name(c.name, "container")}
     if change.limit is not None:
         entry["resources"] = {"limits": {"cpu": format_cpu(change.limit[1])}}
     if change.gomaxprocs is not None:
@@ -82,15 +86,19 @@ def _container(c: Container) -> dict[str, Any] | None:
 
 def deployment_patch(w: Workload) -> dict[str, Any] | None:
     """The strategic-merge patch for one workload, of its kind; None when nothing changes."""
-    containers = [e for e in (_container(c) for c in w.containers) if e is not None]
+    containers = [e for e in (_container(c) for c in w.containers if not is_pod_row(c.name))
+                  if e is not None]  # fmt: skip
+    pod = next((_container(c) for c in w.containers if is_pod_row(c.name)), None)
     annotation = burst_annotation(w)
-    if not containers and annotation is None:
+    if not containers and pod is None and annotation is None:
         return None
     template: dict[str, Any] = {}
     if annotation is not None:
         template["metadata"] = {"annotations": {BURST_ANNOTATION: annotation}}
-    if containers:
-        template["spec"] = {"containers": containers}
+    if containers or pod is not None:
+        # a pod-level limit is the template spec's own resources (model.podlevel)
+        template["spec"] = {**({"resources": pod["resources"]} if pod else {}),
+                            **({"containers": containers} if containers else {})}  # fmt: skip
     return {
         "apiVersion": "apps/v1",
         "kind": w.kind,

@@ -16,7 +16,8 @@ from unthrottle.evidence.fetching import fetch, recorded_covers, workload_labels
 from unthrottle.kube.workloads import ContainerSpec, DeploymentInfo, WorkloadStore
 from unthrottle.metrics.source import MetricsSource
 from unthrottle.model.owners import KINDS, Owners, kind_of
-from unthrottle.recommend import Current, Recommendation, Runtime
+from unthrottle.model.podlevel import POD_ROW, is_pod_row
+from unthrottle.recommend import Current, Policy, Recommendation, Runtime, Strategy
 from unthrottle.scan.advise import Job, advise_all
 from unthrottle.scan.request import History, ScanRequest
 from unthrottle.scan.result import (
@@ -99,6 +100,7 @@ def select(request: ScanRequest, store: WorkloadStore | None, metrics: MetricsSo
         for d in deployments.values()
         for spec in d.containers.values()
     }
+    owners.pod_level |= {key for key, d in deployments.items() if POD_ROW in d.containers}
     return Selection(deployments, owners, set(deployments), specs)
 
 
@@ -174,6 +176,11 @@ def _merged(
         found = {
             k: v for k, v in found.items() if (k.namespace, k.deployment) in selection.deployments
         }
+    if selection.owners is not None and selection.owners.pod_level:
+        # under a pod-level limit, a container without one of its own is the pod row's
+        pod_level, specs = selection.owners.pod_level, selection.specs
+        found = {k: v for k, v in found.items()
+                 if (k.namespace, k.deployment) not in pod_level or k in specs}  # fmt: skip
     return found
 
 
@@ -248,32 +255,53 @@ def _advise(
     first reason says the CFS period it was made at, and where that came from."""
     recs: dict[WorkloadKey, Recommendation | None] = {}
     jobs: list[Job] = []
-    pending: list[tuple[WorkloadKey, Current]] = []
+    pending: list[tuple[WorkloadKey, Current, Policy]] = []
     for key, item in found.items():
         managed = request.containers is None or key.container in request.containers
         if not managed or (key.namespace, key.deployment) in skip:
             recs[key] = None
             continue
         current = current_of(request, item, selection.specs.get(key))
+        policy = policy_of(request, key)
         if cache is not None:
-            kept, rec = cache.reusable(key, item, current, request.policy)
+            kept, rec = cache.reusable(key, item, current, policy)
             if kept:
-                recs[key] = _noted(rec, period_reason(request, item))
+                recs[key] = _noted(rec, *reasons_of(request, key, item))
                 continue
-        jobs.append((item, current, request.policy, request.window_s))
-        pending.append((key, current))
-    for (key, current), rec in zip(pending, advise_all(jobs, request.jobs), strict=True):
-        recs[key] = _noted(rec, period_reason(request, found[key]))
+        jobs.append((item, current, policy, request.window_s))
+        pending.append((key, current, policy))
+    for (key, current, policy), rec in zip(pending, advise_all(jobs, request.jobs), strict=True):
+        recs[key] = _noted(rec, *reasons_of(request, key, found[key]))
         if cache is not None:  # the engine's own: the source of the period may change alone
-            cache.keep(key, found[key], current, request.policy, rec)
+            cache.keep(key, found[key], current, policy, rec)
     if cache is not None:
         cache.forget_except(set(found))
     return recs
 
 
-def _noted(rec: Recommendation | None, reason: str) -> Recommendation | None:
-    """The recommendation with ``reason`` first (the last stays the one-line reason)."""
-    return None if rec is None else replace(rec, reasons=[reason, *rec.reasons])
+POD_ROW_REASON = ("the pod's own CPU limit (spec.resources): sized from the pod cgroup, "
+                  "limit only (no burst is written for a pod-level limit)")  # fmt: skip
+
+
+def policy_of(request: ScanRequest, key: WorkloadKey) -> Policy:
+    """The engine's policy for a row: the request's, limit only for a pod-level limit's
+    (the agent writes a pod cgroup's burst as the sum of its containers', so a burst of
+    the pod's own would never be written)."""
+    if is_pod_row(key.container) and request.policy.strategy != Strategy.LIMIT_ONLY:
+        return replace(request.policy, strategy=Strategy.LIMIT_ONLY)
+    return request.policy
+
+
+def reasons_of(request: ScanRequest, key: WorkloadKey, item: ContainerEvidence) -> list[str]:
+    """The reasons every recommendation of this row starts with: its CFS period, and for
+    a pod-level limit's row, what it is."""
+    first = [period_reason(request, item)]
+    return [*first, POD_ROW_REASON] if is_pod_row(key.container) else first
+
+
+def _noted(rec: Recommendation | None, *reasons: str) -> Recommendation | None:
+    """The recommendation with ``reasons`` first (the last stays the one-line reason)."""
+    return None if rec is None else replace(rec, reasons=[*reasons, *rec.reasons])
 
 
 def assess(

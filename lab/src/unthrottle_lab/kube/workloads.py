@@ -24,8 +24,11 @@ def scenario_objects(name: str, namespace: str, scenario_yaml: str, *, image: st
                      cpu_limit: str | None, cpu_request: str = "100m", replicas: int = 1,
                      memory: str = "128Mi", container: str = "app",
                      labels: dict[str, str] | None = None,
-                     resize_policy: str | None = None) -> list[dict[str, Any]]:  # fmt: skip
-    """The ConfigMap and the Deployment that run ``scenario_yaml`` as ``name``'s pods."""
+                     resize_policy: str | None = None,
+                     pod_cpu_limit: str | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """The ConfigMap and the Deployment that run ``scenario_yaml`` as ``name``'s pods;
+    ``pod_cpu_limit``: a CPU limit for the pod as a whole (``spec.resources``, its request
+    ``cpu_request``), the container then with none of its own."""
     labels = {"app": name, **(labels or {})}
     limits = {"memory": memory} | ({"cpu": cpu_limit} if cpu_limit else {})
     spec_container: dict[str, Any] = {
@@ -42,6 +45,12 @@ def scenario_objects(name: str, namespace: str, scenario_yaml: str, *, image: st
         "metadata": {"name": f"{name}-scenario", "namespace": namespace},
         "data": {"scenario.yaml": scenario_yaml},
     }  # fmt: skip
+    pod_level: dict[str, Any] = {}
+    if pod_cpu_limit is not None:
+        pod_level = {"resources": {"limits": {"cpu": pod_cpu_limit},
+                                   "requests": {"cpu": cpu_request}}}  # fmt: skip
+        spec_container["resources"] = {"requests": {"memory": memory},
+                                       "limits": {"memory": memory}}  # fmt: skip
     deployment = {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": name, "namespace": namespace, "labels": labels},
@@ -54,6 +63,7 @@ def scenario_objects(name: str, namespace: str, scenario_yaml: str, *, image: st
                     "tolerations": [{**REAL_NODE_TAINT, "operator": "Equal"}],
                     "terminationGracePeriodSeconds": 2,
                     "enableServiceLinks": False, "automountServiceAccountToken": False,
+                    **pod_level,
                     "containers": [spec_container],
                     "volumes": [{"name": "scenario",
                                  "configMap": {"name": f"{name}-scenario"}}],
