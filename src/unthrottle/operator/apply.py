@@ -54,7 +54,14 @@ from unthrottle.metrics.source import MetricsError, MetricsSource
 from unthrottle.model.owners import DEPLOYMENT, STATEFULSET, Owners, ref_of
 from unthrottle.model.podlevel import is_pod_row
 from unthrottle.model.policy import ThrottlePolicySpec
-from unthrottle.operator.changes import changes_as_read, changes_for, describe, in_ms, percent
+from unthrottle.operator.changes import (
+    changes_as_read,
+    changes_for,
+    describe,
+    in_ms,
+    judged_against,
+    percent,
+)
 from unthrottle.operator.gates import on_delete, partition, rollout, skip_reason
 from unthrottle.operator.inplace import InPlace, Outcome
 from unthrottle.operator.status import State
@@ -458,7 +465,7 @@ class Applier:
                                              "verified once it runs again")  # fmt: skip
                 return State.VERIFYING, "no counters for the new pods yet: no verdict"
             after[c.name] = ratio
-            if self._worse(c.ratio_before, ratio, item.periods if item else 0,
+            if self._worse(judged_against(c), ratio, item.periods if item else 0,
                            spec.target_throttle_ratio):  # fmt: skip
                 worse.append(f"{c.name} {percent(c.ratio_before)} → {percent(ratio)}")
         record = replace(record, ratio_after=after)

@@ -94,6 +94,18 @@ def changes_for(workload: WorkloadResult, raw: dict[str, Any], spec: ThrottlePol
     return out
 
 
+def judged_against(c: ContainerChange) -> float | None:
+    """The throttle ratio a change's result is judged against: the ratio before it, or the
+    engine's expected ratio when that is higher (a step the caps held below what the demand
+    needs, predicted to stay as throttled): a result as predicted is not "worse". A capped
+    500m -> 1000m step of a workload that wants 2 cores was expected at 100 % of periods
+    and rolled back for 92 % -> 100 %, though it halved the stall."""
+    if c.expected_ratio is not None and (c.ratio_before is None
+                                         or c.expected_ratio > c.ratio_before):  # fmt: skip
+        return c.expected_ratio
+    return c.ratio_before
+
+
 def changes_as_read(w: WorkloadResult, raw: dict[str, Any],
              spec: ThrottlePolicySpec) -> list[ContainerChange]:  # fmt: skip
     """:func:`changes_for` the Deployment as read, with its record if it has a readable one."""

@@ -63,6 +63,7 @@ from unthrottle.metrics.source import MetricsError, MetricsSource
 from unthrottle.model.burst import BURST_ANNOTATION
 from unthrottle.model.owners import DEPLOYMENT, ref_of
 from unthrottle.model.policy import ThrottlePolicySpec
+from unthrottle.operator.changes import judged_against
 from unthrottle.operator.status import State
 from unthrottle.scan import canary_ratios
 
@@ -339,7 +340,7 @@ class InPlace:
                 return State.VERIFYING, f"no counters for canary pod {record.canary} yet"
             ratio, periods = found[c.name]
             after[c.name] = ratio
-            if self.worse(c.ratio_before, ratio, periods, spec.target_throttle_ratio):
+            if self.worse(judged_against(c), ratio, periods, spec.target_throttle_ratio):
                 worse.append(f"{c.name} {_pct(c.ratio_before)} → {_pct(ratio)}")
         record = replace(record, ratio_after=after)
         if worse and spec.apply.rollback_if_worse:
