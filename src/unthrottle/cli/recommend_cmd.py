@@ -88,10 +88,10 @@ class _Described:
         except Exception as error:
             raise RuntimeError(describe_kube_error(error, self.timeout_s)) from None
 
-    def pod_owners(self, namespaces: Iterable[str], kinds: tuple[str, ...] = (DEPLOYMENT,)
-                   ) -> Owners:  # fmt: skip
+    def pod_owners(self, namespaces: Iterable[str], kinds: tuple[str, ...] = (DEPLOYMENT,),
+                   listed: Iterable[DeploymentInfo] | None = None) -> Owners:  # fmt: skip
         try:
-            return self.store.pod_owners(namespaces, kinds)
+            return self.store.pod_owners(namespaces, kinds, listed)
         except Exception as error:
             raise RuntimeError(describe_kube_error(error, self.timeout_s)) from None
 

@@ -17,6 +17,35 @@ from unthrottle.model.owners import DAEMONSET, DEPLOYMENT, STATEFULSET, kind_and
 
 _CALLS = {DEPLOYMENT: "deployment", STATEFULSET: "stateful_set", DAEMONSET: "daemon_set"}
 """``kubernetes.client.AppsV1Api``'s name of each kind in its methods."""
+REVISION_LABEL = "controller-revision-hash"
+"""The label a StatefulSet's and a DaemonSet's controllers give each pod (and each of their
+ControllerRevisions): its revision."""
+
+
+def selector_of(workload: dict[str, Any]) -> str:
+    """The workload's ``matchLabels`` as a label selector (``app=web,tier=a``)."""
+    labels = ((workload.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+def controlled_by(obj: dict[str, Any], kind: str, uid: str) -> bool:
+    """Is ``obj`` controlled by the object of ``kind`` with ``uid``?"""
+    return any(ref.get("kind") == kind and ref.get("uid") == uid and ref.get("controller")
+               for ref in (obj.get("metadata") or {}).get("ownerReferences") or [])  # fmt: skip
+
+
+def revision_pod_objects(core: Any, workload: dict[str, Any], revision: str,
+                         timeout_s: float) -> list[dict[str, Any]]:  # fmt: skip
+    """A StatefulSet's or DaemonSet's pods at ``revision`` (their ``controller-revision-hash``),
+    as the API serves them, by name: one LIST through ``core`` (CoreV1Api)."""
+    meta = workload["metadata"]
+    reply = core.list_namespaced_pod(
+        meta["namespace"], label_selector=f"{selector_of(workload)},{REVISION_LABEL}={revision}",
+        _preload_content=False, _request_timeout=timeout_s)  # fmt: skip
+    kind = workload.get("kind") or DEPLOYMENT
+    return sorted((p for p in json.loads(reply.data).get("items") or []
+                   if controlled_by(p, kind, meta["uid"])),
+                  key=lambda p: p["metadata"]["name"])  # fmt: skip
 
 
 class PatchConflict(RuntimeError):
@@ -108,17 +137,8 @@ class KubeDeployments:
         return obj
 
     def revision_pods(self, workload: dict[str, Any], revision: str) -> list[str]:
-        meta = workload["metadata"]
-        labels = ((workload.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
-        selector = ",".join([*(f"{k}={v}" for k, v in sorted(labels.items())),
-                             f"controller-revision-hash={revision}"])  # fmt: skip
-        reply = self.core.list_namespaced_pod(meta["namespace"], label_selector=selector,
-                                              _preload_content=False,
-                                              _request_timeout=self.timeout_s)  # fmt: skip
-        uid = meta.get("uid")
-        return sorted(p["metadata"]["name"] for p in json.loads(reply.data).get("items") or []
-                      if any(o.get("uid") == uid and o.get("controller")
-                             for o in p["metadata"].get("ownerReferences") or []))  # fmt: skip
+        pods = revision_pod_objects(self.core, workload, revision, self.timeout_s)
+        return [p["metadata"]["name"] for p in pods]
 
     def json_patch(self, namespace: str, name: str, ops: list[dict[str, Any]], *,
                    dry_run: bool = False) -> dict[str, Any]:  # fmt: skip

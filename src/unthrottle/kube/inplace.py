@@ -28,6 +28,7 @@ import copy
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from unthrottle.kube.deployments import REVISION_LABEL
 from unthrottle.kube.patching import Record, burst_text
 from unthrottle.model.burst import (
     BURST_ANNOTATION,
@@ -45,10 +46,6 @@ RESIZE_CONDITIONS = ("PodResizePending", "PodResizeInProgress")
 
 class InPlaceError(ValueError):
     """A pod that cannot be resized to the record's settings (the message says why)."""
-
-
-REVISION_LABEL = "controller-revision-hash"
-"""The label a StatefulSet's and a DaemonSet's controllers give each pod: its revision."""
 
 
 def owner_replicaset(pod: Pod) -> str | None:

@@ -8,11 +8,16 @@ from __future__ import annotations
 import json
 from typing import Any, Protocol
 
-from unthrottle.kube.deployments import PatchRefused, refusal
+from unthrottle.kube.deployments import (
+    REVISION_LABEL,
+    PatchRefused,
+    controlled_by,
+    refusal,
+    revision_pod_objects,
+    selector_of,
+)
 
 REVISION = "deployment.kubernetes.io/revision"
-REVISION_LABEL = "controller-revision-hash"
-"""A StatefulSet's or DaemonSet's pod's revision (and its ControllerRevision's)."""
 
 
 class NoResizeSubresource(RuntimeError):
@@ -44,18 +49,13 @@ class PodStore(Protocol):
         ...
 
 
-def _owned_by(obj: dict[str, Any], kind: str, uid: str) -> bool:
-    return any(ref.get("kind") == kind and ref.get("uid") == uid and ref.get("controller")
-               for ref in (obj.get("metadata") or {}).get("ownerReferences") or [])  # fmt: skip
-
-
 def current_replicaset(deployment: dict[str, Any],
                        replicasets: list[dict[str, Any]]) -> dict[str, Any] | None:  # fmt: skip
     """The ReplicaSet of the Deployment's current revision, among ``replicasets``."""
     meta = deployment["metadata"]
     revision = (meta.get("annotations") or {}).get(REVISION)
     for rs in replicasets:
-        if not _owned_by(rs, "Deployment", meta["uid"]):
+        if not controlled_by(rs, "Deployment", meta["uid"]):
             continue
         if revision is not None and (rs["metadata"].get("annotations") or {}).get(REVISION) == (
             revision
@@ -103,28 +103,20 @@ class KubePods:
             workload["metadata"]["namespace"], label_selector=selector, **self._opts()
         )
         owned = [r for r in json.loads(reply.data).get("items") or []
-                 if _owned_by(r, "DaemonSet", workload["metadata"]["uid"])]  # fmt: skip
+                 if controlled_by(r, "DaemonSet", workload["metadata"]["uid"])]  # fmt: skip
         if not owned:
             return None
         newest = max(owned, key=lambda r: int(r.get("revision") or 0))
         return (newest["metadata"].get("labels") or {}).get(REVISION_LABEL)
 
     def current(self, deployment: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]]]:
-        meta = deployment["metadata"]
-        namespace = meta["namespace"]
-        labels = ((deployment.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
-        selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
-        kind = deployment.get("kind") or "Deployment"
-        if kind != "Deployment":
+        namespace = deployment["metadata"]["namespace"]
+        selector = selector_of(deployment)
+        if (deployment.get("kind") or "Deployment") != "Deployment":
             revision = self._revision(deployment, selector)
             if revision is None:
                 return None, []
-            reply = self.core.list_namespaced_pod(
-                namespace, label_selector=f"{selector},{REVISION_LABEL}={revision}",
-                **self._opts())  # fmt: skip
-            pods = [p for p in json.loads(reply.data).get("items") or []
-                    if _owned_by(p, kind, meta["uid"])]  # fmt: skip
-            return revision, sorted(pods, key=lambda p: p["metadata"]["name"])
+            return revision, revision_pod_objects(self.core, deployment, revision, self.timeout_s)
         reply = self.apps.list_namespaced_replica_set(namespace, label_selector=selector,
                                                       **self._opts())  # fmt: skip
         rs = current_replicaset(deployment, json.loads(reply.data).get("items") or [])
@@ -133,7 +125,7 @@ class KubePods:
         reply = self.core.list_namespaced_pod(namespace, label_selector=selector, **self._opts())
         uid = rs["metadata"]["uid"]
         pods = [p for p in json.loads(reply.data).get("items") or []
-                if _owned_by(p, "ReplicaSet", uid)]  # fmt: skip
+                if controlled_by(p, "ReplicaSet", uid)]  # fmt: skip
         return rs["metadata"]["name"], sorted(pods, key=lambda p: p["metadata"]["name"])
 
     def get(self, namespace: str, name: str) -> dict[str, Any] | None:

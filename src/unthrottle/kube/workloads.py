@@ -84,10 +84,12 @@ class WorkloadStore(Protocol):
         """Workloads of ``kinds`` in these namespaces (all when empty)."""
         ...
 
-    def pod_owners(self, namespaces: Iterable[str], kinds: tuple[str, ...] = (DEPLOYMENT,)
-                   ) -> Owners:  # fmt: skip
+    def pod_owners(self, namespaces: Iterable[str], kinds: tuple[str, ...] = (DEPLOYMENT,),
+                   listed: Iterable[DeploymentInfo] | None = None) -> Owners:  # fmt: skip
         """Pods → the workload of ``kinds`` that owns them (a Deployment's through their
-        ReplicaSet), and the ReplicaSets, StatefulSets and DaemonSets known."""
+        ReplicaSet), and the ReplicaSets, StatefulSets and DaemonSets known; ``listed``:
+        the workloads :meth:`deployments` just gave for the same namespaces and kinds,
+        which are then not listed again."""
         ...
 
 
@@ -218,11 +220,12 @@ class KubeWorkloadStore:
                                       kind))  # fmt: skip
         return out
 
-    def pod_owners(self, namespaces: Iterable[str], kinds: tuple[str, ...] = (DEPLOYMENT,)
-                   ) -> Owners:  # fmt: skip
+    def pod_owners(self, namespaces: Iterable[str], kinds: tuple[str, ...] = (DEPLOYMENT,),
+                   listed: Iterable[DeploymentInfo] | None = None) -> Owners:  # fmt: skip
         """Pods → their workload of ``kinds``: a Deployment's through their ReplicaSet, a
         StatefulSet's and a DaemonSet's directly. The StatefulSets and DaemonSets are
-        listed too, so that their pods gone by now are known by name."""
+        known too, so that their pods gone by now are known by name: from ``listed`` (what
+        :meth:`deployments` gave for the same namespaces and kinds), else listed here."""
         selected = list(namespaces)
         owners = Owners()
         apps, core = self.apps, self.core
@@ -235,10 +238,14 @@ class KubeWorkloadStore:
                 deploy = _owner(meta, "Deployment")
                 if deploy is not None:
                     owners.replicasets[(meta.get("namespace", ""), meta.get("name", ""))] = deploy
-        for kind in (k for k in (STATEFULSET, DAEMONSET) if k in kinds):
-            for item in self._workloads(kind, selected):
-                meta = item.get("metadata", {})
-                owners.direct[(meta.get("namespace", ""), meta.get("name", ""))] = kind
+        if listed is not None:
+            owners.direct.update({(w.namespace, w.name): w.kind for w in listed
+                                  if w.kind in (STATEFULSET, DAEMONSET)})  # fmt: skip
+        else:
+            for kind in (k for k in (STATEFULSET, DAEMONSET) if k in kinds):
+                for item in self._workloads(kind, selected):
+                    meta = item.get("metadata", {})
+                    owners.direct[(meta.get("namespace", ""), meta.get("name", ""))] = kind
         pods = self._list(core.list_namespaced_pod, core.list_pod_for_all_namespaces, selected)
         for pod in pods:
             meta = pod.get("metadata", {})

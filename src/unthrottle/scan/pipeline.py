@@ -89,7 +89,7 @@ def select(request: ScanRequest, store: WorkloadStore | None, metrics: MetricsSo
         return Selection(None, None, chosen)
     try:
         listed = store.deployments(request.namespaces, request.kinds)
-        owners = store.pod_owners(request.namespaces, request.kinds)
+        owners = store.pod_owners(request.namespaces, request.kinds, listed)
     except Exception as error:  # the API client raises many kinds
         raise ClusterError(
             f"cannot read {kinds_text(request)} from the Kubernetes API: {error}"
