@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kube import Kube
-from prom import PrometheusServer, requires_prometheus
+from prom import requires_prometheus
 from shop import Workload, deploy, openmetrics
+from support.history import History as World
+from support.history import history
+from support.history import recommend as recommend_in
 from support.policies import POLICIES, create_policy, drop_policies, reconciler
 from unthrottle.kube.patching import record_of
 from unthrottle.model.podlevel import POD_ROW
@@ -28,21 +29,12 @@ from unthrottle_lab.kube import ControlPlane
 
 pytestmark = requires_prometheus
 
-UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
 
 API = Workload("podlevel", "api", 0.1, 0.15, 1.4, 0.8, 2, {"tier": "api"}, pod_level=True)
 """Its pod's limit 800m, bursting to 1.4 cores in 15 % of windows: the pod cgroup is
 throttled, and its container (no limit of its own, the pod's quota) with it."""
 WEB = Workload("podlevel", "web", 0.1, 0.10, 1.2, 0.5, 2)
 """Beside it, the usual: a container limit of 500m."""
-
-
-@dataclass
-class World:
-    kube: Kube
-    prometheus: str
-    kubeconfig: Path
-    namespace: str
 
 
 @pytest.fixture(scope="module")
@@ -52,11 +44,10 @@ def world(
 ) -> Iterator[World]:  # fmt: skip
     kube = Kube(control_plane)
     placed = deploy(kube, [API, WEB])
-    end = int(time.time()) // 60 * 60
-    with PrometheusServer(tmp_path_factory.mktemp("podlevel"),
-                          openmetrics=openmetrics(placed, end, span=6 * 3600)) as prom:  # fmt: skip
-        yield World(kube, prom.url, control_plane.kubeconfig, placed[0].namespace)
-    kube.delete("v1/namespaces", None, placed[0].namespace)
+    text = openmetrics(placed, int(time.time()) // 60 * 60, span=6 * 3600)
+    with history(kube, control_plane, tmp_path_factory.mktemp("podlevel"), placed,
+                 text) as world:  # fmt: skip
+        yield world
 
 
 @pytest.fixture
@@ -66,11 +57,7 @@ def policies(world: World) -> Iterator[None]:
 
 
 def recommend(world: World, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(UNTHROTTLE), "recommend", "--prometheus", world.prometheus, "--namespace",
-         world.namespace, "--window", "5h", "--kubeconfig", str(world.kubeconfig), *args],
-        capture_output=True, text=True, timeout=180, check=False,
-    )  # fmt: skip
+    return recommend_in(world, "--kubeconfig", str(world.kubeconfig), *args)
 
 
 def _template(world: World, name: str) -> dict[str, Any]:

@@ -6,26 +6,25 @@ the three workloads' history."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kube import Kube
-from prom import PrometheusServer, requires_prometheus
+from prom import requires_prometheus
 from shop import Workload, deploy, openmetrics
+from support.history import History as World
+from support.history import history, recommend
 from support.policies import POLICIES, create_policy, drop_policies, reconciler
 from support.report_counters import http_queries
 from unthrottle_lab.kube import ControlPlane
 
 pytestmark = requires_prometheus
 
-UNTHROTTLE = Path(sys.executable).with_name("unthrottle")
 
 WEB = Workload("kinds", "web", 0.1, 0.10, 1.2, 0.5, 2)
 DB = Workload("kinds", "db", 0.1, 0.15, 1.4, 0.8, 3, kind="StatefulSet")
@@ -62,39 +61,18 @@ def owner_series(workloads: list[Workload], end: int, span: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-@dataclass
-class World:
-    kube: Kube
-    prometheus: str
-    kubeconfig: Path
-    placed: list[Workload]
-    namespace: str
-
-
 @pytest.fixture(scope="module")
 def world(
     tmp_path_factory: pytest.TempPathFactory, control_plane: ControlPlane,
     throttlepolicy_crd: None,
 ) -> Iterator[World]:  # fmt: skip
-    folder = tmp_path_factory.mktemp("kinds")
     kube = Kube(control_plane)
-    placed = deploy(kube, KINDS)
-    namespace = placed[0].namespace
-    live = {w.name: w for w in placed}  # with the pods their controllers made
+    placed = deploy(kube, KINDS)  # with the pods their controllers made
     end = int(time.time()) // 60 * 60
-    history = [*live.values(), *(gone(w) for w in live.values() if w.kind != "Deployment")]
-    text = openmetrics(history, end, span=6 * 3600) + owner_series(history, end, 6 * 3600)
-    with PrometheusServer(folder, openmetrics=text) as prom:
-        yield World(kube, prom.url, control_plane.kubeconfig, list(live.values()), namespace)
-    kube.delete("v1/namespaces", None, namespace)
-
-
-def recommend(world: World, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(UNTHROTTLE), "recommend", "--prometheus", world.prometheus, "--namespace",
-         world.namespace, "--window", "5h", *args],
-        capture_output=True, text=True, timeout=180, check=False,
-    )  # fmt: skip
+    gone_too = [*placed, *(gone(w) for w in placed if w.kind != "Deployment")]
+    text = openmetrics(gone_too, end, span=6 * 3600) + owner_series(gone_too, end, 6 * 3600)
+    with history(kube, control_plane, tmp_path_factory.mktemp("kinds"), placed, text) as world:
+        yield world
 
 
 def by_kind(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
