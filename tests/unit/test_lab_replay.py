@@ -18,7 +18,14 @@ from typing import Any
 import pytest
 
 from support.paths import ROOT, SCENARIOS
-from unthrottle_lab.agreement import RATIO_TOLERANCE, Comparison, compare, latency_close
+from unthrottle_lab.agreement import (
+    RATIO_TOLERANCE,
+    Comparison,
+    compare,
+    latency_close,
+    machine_for,
+    ratio_bands,
+)
 from unthrottle_lab.figures import RunFigures
 from unthrottle_lab.output import lost_notes
 from unthrottle_lab.scenario import RunSpec, load_scenario
@@ -99,9 +106,10 @@ def test_a_ratio_decided_by_tenths_of_a_millisecond_is_held_to_the_models_band(
 ) -> None:
     """The burst seed at 0.25 CPU, as a CI run measured it: 12 and 13 of 55 periods
     throttled, where the model at that machine's median wake-up said 6. The model itself
-    gives 3 to 12 of 55 as the wake-up moves from 0 to 0.5 ms, so those agree with the
-    default tolerance; what an average says (no throttling) and what no band reaches
-    (a third of the periods) still miss."""
+    gives 3 to 12 of 55 as the wake-up moves from 0 to 0.5 ms, and 15 with each task
+    costing what the kernel charged for it (0.6 % above the task's CPU time), so those
+    agree with the default tolerance; what an average says (no throttling) and what no
+    band reaches (a third of the periods) still miss."""
     scenario = load_scenario(ROOT / "scenarios" / "seed-002-burst.yaml")
     index, spec = next((i, r) for i, r in enumerate(scenario.runs) if not r.burst_ms)
     assert spec.ratio_tolerance is None  # nothing widened in the file
@@ -117,21 +125,55 @@ def test_a_ratio_decided_by_tenths_of_a_millisecond_is_held_to_the_models_band(
 
     at_ci = throttled(12)
     assert round(at_ci.predicted.stat.throttle_ratio * periods) == 6  # the point: a miss
-    assert [round(r * periods) for r in at_ci.band] == [3, 12]
+    assert [round(r * periods) for r in at_ci.band] == [3, 15]
+    at_task_cost = ratio_bands(workload, spec, machine_for(saved, cores))[0]
+    assert [round(r * periods) for r in at_task_cost] == [3, 12]
     assert at_ci.misses == [] and throttled(13).misses == []
-    assert throttled(0).misses == ["throttle ratio 0.000 vs 0.055–0.218 (±0.05)"]
+    assert throttled(0).misses == ["throttle ratio 0.000 vs 0.055–0.273 (±0.05)"]
     assert throttled(periods // 3).misses
 
 
 def test_only_a_run_on_a_knifes_edge_has_a_band(results: dict[str, Any]) -> None:
     """Every other seed run's ratio is the same over wake-ups from 0 to 0.5 ms, or within
-    the default tolerance (the open pool at 0.6 CPU): the band widens nothing else."""
+    the default tolerance (the open pool at 0.6 CPU), before the cost the kernel charged
+    widens the two whose band is not a point: the band widens nothing else. The batch at
+    2 CPU, charged 0.2 % above its tasks like the others, stays a point."""
     found = lab_vs_model.agreements(results)
     bands = {(a.scenario, a.spec.label()): round(c.band[1] - c.band[0], 3)
              for a in found for c in a.comparisons if c.band[1] > c.band[0]}  # fmt: skip
-    assert bands.pop(("seed-002-burst", "0.25 CPU")) > 0.15
-    assert set(bands) == {("seed-004-open-pool", "0.6 CPU")}
-    assert all(width <= 0.05 for width in bands.values()), bands
+    assert set(bands) == {("seed-002-burst", "0.25 CPU"), ("seed-004-open-pool", "0.6 CPU")}
+    assert bands[("seed-002-burst", "0.25 CPU")] > 0.15
+    scenario = load_scenario(ROOT / "scenarios" / "seed-004-open-pool.yaml")
+    index, spec = next((i, r) for i, r in enumerate(scenario.runs) if r.cpus == 0.6)
+    for measurement in results["measurements"]:
+        entry = next(e for e in measurement["scenarios"] if e["name"] == scenario.name)
+        saved = RunFigures.from_json(entry["runs"][index])
+        low, high = ratio_bands(scenario.workload.to_workload(), spec,
+                                machine_for(saved, int(results["cores"])))[0]  # fmt: skip
+        assert 0 < high - low <= RATIO_TOLERANCE
+
+
+def test_the_cost_the_kernel_charged_holds_a_slower_hosts_open_pool() -> None:
+    """The open pool at 0.6 CPU on a slower host (``open-pool-cost.json``): 8.22–8.28 ms of
+    usage a task, 27 of 48 periods throttled in each of 6 runs, as on CI. The model at the
+    task's 8 ms (22–24 of 48, ±0.05) misses every one; at the cost charged it throttles 27,
+    and every run agrees. Where the host charged no more than the tasks, nothing widens."""
+    saved = json.loads((ROOT / "bench" / "results" / "open-pool-cost.json").read_text())
+    workload, index, spec = open_pool()
+    cores = int(saved["cores"])
+    for measurement in saved["measurements"]:
+        run = RunFigures.from_json(measurement["runs"][index])
+        assert (run.stat.nr_throttled, run.stat.nr_periods) == (27, 48)
+        low, high = ratio_bands(workload, spec, machine_for(run, cores))[0]
+        assert run.stat.throttle_ratio > high + RATIO_TOLERANCE
+        comparison = compare(workload, spec, run, cores)
+        assert round(comparison.band[1] * 48) == 27
+        assert not any("throttle ratio" in miss for miss in comparison.misses)
+        cheap = dataclasses.replace(run.stat, usage_us=2_400_000)
+        assert compare(workload, spec, dataclasses.replace(run, stat=cheap), cores).band == (
+            low,
+            high,
+        )
 
 
 def open_pool() -> tuple[Workload, int, RunSpec]:
@@ -144,17 +186,17 @@ def open_pool() -> tuple[Workload, int, RunSpec]:
 def test_the_open_pools_ratio_is_held_to_its_band_and_the_default_tolerance_alone(
     results: dict[str, Any],
 ) -> None:
-    """The open pool at 0.6 CPU: its band (0.458–0.500) and the default ±0.05 hold every
-    ratio measured (0.43–0.52 over 14 runs beside a hog, ``placement.json``; 0.458 and
-    0.510 saved), which need up to 0.03 beyond the band; a ratio 0.08 beyond it, which
-    the band with the scenario file's old ±0.10 let pass, misses."""
+    """The open pool at 0.6 CPU: its band (0.458–0.562, with the cost the kernel charged
+    its tasks) and the default ±0.05 hold every ratio measured (0.43–0.52 over 14 runs
+    beside a hog, ``placement.json``; 0.458 and 0.510 saved), which need up to 0.03
+    beyond the band; a ratio 0.08 beyond it misses."""
     workload, index, spec = open_pool()
     entry = next(e for e in results["measurements"][0]["scenarios"]
                  if e["name"] == "seed-004-open-pool")  # fmt: skip
     saved = RunFigures.from_json(entry["runs"][index])
     cores = int(results["cores"])
     low, high = compare(workload, spec, saved, cores).band
-    assert (round(low, 3), round(high, 3)) == (0.458, 0.5)
+    assert (round(low, 3), round(high, 3)) == (0.458, 0.562)
     placement = json.loads((ROOT / "bench" / "results" / "placement.json").read_text())
     ratios = [r for way in ("pinned", "unpinned") for r in placement["open_pool"][way]["ratio"]]
     ratios += [e["runs"][index]["throttle_ratio"] for m in results["measurements"]
