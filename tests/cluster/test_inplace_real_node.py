@@ -42,7 +42,9 @@ from support.inplace_real_node import (
     _record,
     real_world,
 )
-from unthrottle.cgroups import Layout
+from unthrottle.cgroups import Cgroup, Layout
+from unthrottle.model.podlevel import POD_ROW
+from unthrottle.units import parse_cpu
 from unthrottle_lab.kube import ControlPlane, RealNode
 
 pytestmark = [requires_prometheus, pytest.mark.kernel]
@@ -456,3 +458,72 @@ def test_a_resize_past_the_nodes_allocatable_is_refused_by_the_server_and_given_
             assert rw.pod(pod)["spec"]["containers"][0]["resources"]["limits"]["cpu"] == "500m"
         finally:
             real_node.restart_kubelet()
+
+
+POD_LEVEL = replace(APP, pod_level=True)
+"""APP with its 500m as the pod's own limit (``spec.resources``), its container unlimited."""
+
+
+def _pod_quota(rw: RealWorld, name: str) -> int | None:
+    """The quota in the pod's own cgroup, µs (the container's cgroup is below it)."""
+    container = rw.cgroup(name)
+    return Cgroup(rw.layout, container.path.rsplit("/", 1)[0]).read_bandwidth().quota_us
+
+
+def test_a_pod_level_limit_is_resized_in_place_in_the_pod_cgroup_and_its_container(
+    tmp_path: Path, control_plane: ControlPlane, real_node: RealNode, layout: Layout,
+    throttlepolicy_crd: None,
+) -> None:  # fmt: skip
+    """A pod whose 500m limit is its own (``spec.resources``; its container has none), the
+    pod cgroup throttled: InPlace resizes the pod's row through the ``resize`` subresource
+    (``InPlacePodLevelResourcesVerticalScaling``, beta and on in v1.36), the canary first.
+    The kubelet writes the new quota into the pod cgroup and into its container's (which
+    has its pod's), reports it in ``status.resources``, and restarts nothing. A pod the
+    ReplicaSet makes later, without the webhook, starts at the template's 500m and is
+    resized as the others were."""
+    with real_world(tmp_path, control_plane, real_node, layout, POD_LEVEL) as rw:
+        before = {n: p["status"]["containerStatuses"][0]["containerID"]
+                  for n, p in rw.pods().items()}  # fmt: skip
+        assert all(_pod_quota(rw, n) == rw.kernel(n)[0] == 50_000 for n in before)
+        rw.world.policy("ip", "ip", apply={"method": "InPlace", "maxConcurrent": 1})
+        state, message = rw.reconcile()
+        assert state == "Verifying" and "canary: pod" in message, message
+        record = _record(rw.world.deployment(APP.name))
+        assert [c.name for c in record.containers] == [POD_ROW]
+        (row,) = record.containers
+        after = row.after.cpu_limit
+        assert after is not None and after > 500
+        quota = after * 100  # µs per 100 ms period
+        canary = record.canary or ""
+        rw.kube.until("the canary's pod cgroup at the new quota",
+                      lambda: _pod_quota(rw, canary), lambda q: q == quota)  # fmt: skip
+        rw.until_kernel(canary, quota=quota)  # its container, which has its pod's
+        assert all(_pod_quota(rw, n) == 50_000 for n in before if n != canary)
+        rw.reconcile_until("the canary reported resized",
+                           lambda s, m: "verifying its throttling" in m)  # fmt: skip
+        status = rw.pod(canary)["status"]
+        assert parse_cpu(status["resources"]["limits"]["cpu"]) == after
+        rw.world.clock.now = T0 + 60
+        rw.history(canary, T0 + 60, POD_LEVEL, limit=after / 1000)
+        rw.world.clock.now = T0 + 60 + VERIFY_S + 60
+        state, message = rw.reconcile_until("every pod resized", lambda s, m: s == "Applied")
+        assert "none restarted" in message, message
+        for name, cid in before.items():
+            rw.kube.until(f"pod {name}'s cgroup at the new quota",
+                          lambda n=name: _pod_quota(rw, n), lambda q: q == quota)  # fmt: skip
+            rw.until_kernel(name, quota=quota)
+            pod = rw.pod(name)
+            assert parse_cpu(pod["spec"]["resources"]["limits"]["cpu"]) == after
+            assert not pod["spec"]["containers"][0].get("resources", {}).get("limits")
+            (c,) = pod["status"]["containerStatuses"]
+            assert c["containerID"] == cid and c["restartCount"] == 0, c
+        scaled = set(rw.pods())
+        rw.kube.patch("apps/v1/deployments", rw.stage, APP.name, {"spec": {"replicas": 3}})
+        rw.kube.rolled_out(rw.stage, APP.name, timeout_s=120)
+        (new,) = set(rw.pods()) - scaled
+        assert _pod_quota(rw, new) == 50_000  # the template's: no webhook here
+        rw.reconcile_until("the new pod resized", lambda s, m: "created without" not in m
+                           and _pod_quota(rw, new) == quota)  # fmt: skip
+        rw.until_kernel(new, quota=quota)
+        print(f"pod-level limit 500m -> {after}m in place: {len(before) + 1} pods, the pod "
+              f"cgroup and its container's at {quota} us, none restarted")  # fmt: skip

@@ -23,8 +23,9 @@ from support.history import History as World
 from support.history import history
 from support.history import recommend as recommend_in
 from support.policies import POLICIES, create_policy, drop_policies, reconciler
-from unthrottle.kube.patching import record_of
+from unthrottle.kube.patching import RECORD_ANNOTATION, record_of
 from unthrottle.model.podlevel import POD_ROW
+from unthrottle.units import parse_cpu
 from unthrottle_lab.kube import ControlPlane
 
 pytestmark = requires_prometheus
@@ -93,20 +94,44 @@ def test_the_kustomize_patch_sets_the_pod_level_limit(world: World, tmp_path: Pa
     assert spec["resources"]["limits"]["cpu"] not in ("800m", None)
 
 
-def test_an_inplace_policy_recommends_the_pod_level_change_and_patches_nothing(
-    world: World, policies: None
+@pytest.mark.parametrize("method", ["InPlace", "InPlaceOrRollout"])
+def test_where_the_node_cannot_resize_in_place_the_pod_level_change_is_given_up_or_rolled_out(
+    world: World, policies: None, method: str
 ) -> None:
+    """The pods are kwok's, whose nodes declare no in-place resize: the API server refuses
+    the canary's resize of its pod-level limit, as of any container's (the real node's
+    kubelet takes it: tests/cluster/test_inplace_real_node.py). InPlace gives it up in the
+    server's words, nothing changed; InPlaceOrRollout rolls the pod's limit out."""
     before = _template(world, "web")
-    spec = {"window": "5h", "mode": "Apply", "apply": {"method": "InPlace"},
+    spec = {"window": "5h", "mode": "Apply", "apply": {"method": method},
             "selector": {"matchLabels": {"tier": "api"}}}  # fmt: skip
     api_before = _template(world, "api")
-    reconciler(world.kube, world.prometheus, apply=True).reconcile(
-        create_policy(world.kube, world.namespace, "in-place", spec))  # fmt: skip
-    status = world.kube.get(POLICIES, world.namespace, "in-place")["status"]  # type: ignore[index]
-    (api,) = status["workloads"]
-    assert api["name"] == "api" and api["state"] == "Recommended", api
-    assert api["message"].startswith("not applied: a pod-level CPU limit"), api
-    assert _template(world, "api") == api_before and _template(world, "web") == before
+    name = method.lower()
+    try:
+        reconciler(world.kube, world.prometheus, apply=True, pods=True).reconcile(
+            create_policy(world.kube, world.namespace, name, spec))  # fmt: skip
+        status = world.kube.get(POLICIES, world.namespace, name)["status"]  # type: ignore[index]
+        (api,) = status["workloads"]
+        assert api["name"] == "api" and "without support for resize" in api["message"], api
+        record = record_of(world.kube.get("apps/v1/deployments", world.namespace, "api") or {})
+        assert record is not None and [c.name for c in record.containers] == [POD_ROW]
+        if method == "InPlace":
+            assert api["state"] == "RolledBack", api
+            assert "in-place resize given up" in api["message"], api
+            assert _template(world, "api") == api_before
+        else:
+            assert api["state"] == "Verifying" and record.method == "Rollout", api
+            limit = _template(world, "api")["spec"]["resources"]["limits"]["cpu"]
+            assert parse_cpu(limit) == record.containers[0].after.cpu_limit != 800
+        assert _template(world, "web") == before
+    finally:  # the next test starts from the template and no record
+        drop_policies(world.kube, world.namespace)
+        world.kube.patch("apps/v1/deployments", world.namespace, "api",
+                         [{"op": "replace", "path": "/spec/template", "value": api_before}],
+                         content_type="application/json-patch+json")  # fmt: skip
+        world.kube.patch("apps/v1/deployments", world.namespace, "api",
+                         {"metadata": {"annotations": {RECORD_ANNOTATION: None}}})  # fmt: skip
+        world.kube.rolled_out(world.namespace, "api", timeout_s=60)
 
 
 def test_apply_by_rollout_patches_the_templates_pod_level_limit(

@@ -11,13 +11,14 @@ from kube import Kube
 POLICIES = "unthrottle.io/v1alpha1/throttlepolicies"
 
 
-def reconciler(kube: Kube, prometheus: str, *, apply: bool) -> Any:
+def reconciler(kube: Kube, prometheus: str, *, apply: bool, pods: bool = False) -> Any:
     """The Reconciler over the API server ``kube`` speaks to and ``prometheus``; with
-    ``apply``, able to patch workloads."""
+    ``apply``, able to patch workloads; with ``pods``, to resize pods in place too."""
     from kubernetes import client
 
     from unthrottle.kube.deployments import KubeDeployments
     from unthrottle.kube.objects import KubeObjects
+    from unthrottle.kube.pods import KubePods
     from unthrottle.kube.workloads import KubeWorkloadStore
     from unthrottle.metrics.source import PrometheusConfig, PrometheusSource
     from unthrottle.operator.reconcile import Reconciler
@@ -29,6 +30,7 @@ def reconciler(kube: Kube, prometheus: str, *, apply: bool) -> Any:
         OperatorSettings(source.config), metrics=source,
         workloads=KubeWorkloadStore(client.CoreV1Api(api), client.AppsV1Api(api)),
         objects=KubeObjects(api), deployments=KubeDeployments(api) if apply else None,
+        pods=KubePods(api) if pods else None,
     )  # fmt: skip
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from unthrottle.evidence.containers import ContainerEvidence
 from unthrottle.model.owners import Owners
+from unthrottle.model.podlevel import POD_ROW
 
 
 class PodLevel:
@@ -107,13 +108,17 @@ def canary_ratios(
     A container's ratio counts its share of the pod's own throttled periods as the
     evidence does (:func:`share_pod_throttling`): an in-place canary is verified by the
     same measure its recommendation was made from. Before, a canary whose pod quota (the
-    sum of its new limits) throttled it read only its own counters.
+    sum of its new limits) throttled it read only its own counters. The pod cgroup's own
+    ratio is the row of a pod-level limit (:data:`~unthrottle.model.podlevel.POD_ROW`).
     """
     pod_periods, pod_throttled = periods.get("", 0.0), throttled.get("", 0.0)
     members = {c: (usage_s.get(c, 0.0), n) for c, n in periods.items() if c and n > 0}
     shares = (share_pod_throttling(pod_periods, pod_throttled, 0.0, members)
               if members and pod_periods > 0 else {})  # fmt: skip
-    return {
+    out = {
         c: (min(1.0, (throttled.get(c, 0.0) + shares.get(c, (0.0, 0.0))[0]) / n), n)
         for c, (_, n) in members.items()
     }
+    if pod_periods > 0:
+        out[POD_ROW] = (min(1.0, pod_throttled / pod_periods), pod_periods)
+    return out

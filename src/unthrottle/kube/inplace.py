@@ -14,6 +14,13 @@ the default) and reports the result in the pod's status:
 The QoS class never changes (the API server refuses a resize that would change it): a
 Guaranteed pod's request moves with its limit; a Burstable pod keeps its request.
 
+A pod-level limit (``spec.resources``, the row :data:`~unthrottle.model.podlevel.POD_ROW`)
+is resized the same way, through the same subresource (``InPlacePodLevelResourcesVertical
+Scaling``, beta and on since Kubernetes 1.36; a server without it refuses the resize, and
+InPlace gives up as for any refusal). The kubelet reports it in ``status.resources``, read
+back from the pod cgroup: the limit from its quota, exactly; the request from its CPU
+shares, to a millicore or so (:data:`POD_SHARES_SLACK_M`).
+
 The burst annotation (``unthrottle.io/cpu-burst``, written into the cgroup by the node
 agent) and the quota (written by the kubelet) must keep ``burst ≤ quota`` at every
 instant: the kernel refuses a quota below the burst (EINVAL), and a quota write keeps the
@@ -36,12 +43,16 @@ from unthrottle.model.burst import (
     BurstSpec,
     burst_specs,
 )
+from unthrottle.model.podlevel import POD_ROW, is_pod_row
 from unthrottle.units import format_cpu, parse_cpu
 
 Pod = dict[str, Any]
 Resources = dict[str, dict[str, str | None]]
 """A container's ``resources`` as a resize sets them: ``{"limits": {"cpu": "900m"}}``."""
 RESIZE_CONDITIONS = ("PodResizePending", "PodResizeInProgress")
+POD_SHARES_SLACK_M = 2
+"""How far a pod-level CPU request the kubelet reports may be from the one asked, millicores:
+it reads it back from the pod cgroup's shares (1,024 a core), rounding."""
 
 
 class InPlaceError(ValueError):
@@ -74,6 +85,14 @@ def _containers(pod: Pod) -> dict[str, dict[str, Any]]:
     return {c["name"]: c for c in (pod.get("spec") or {}).get("containers") or []}
 
 
+def _resources(pod: Pod, row: str) -> dict[str, Any] | None:
+    """A row's resources in the pod's spec: a container's, or the pod's own (``POD_ROW``)."""
+    if is_pod_row(row):
+        return (pod.get("spec") or {}).get("resources")
+    container = _containers(pod).get(row)
+    return None if container is None else container.get("resources") or {}
+
+
 def guaranteed(pod: Pod) -> bool:
     """The pod's QoS class is Guaranteed (as the API server computed it, when it did)."""
     qos = (pod.get("status") or {}).get("qosClass")
@@ -92,21 +111,29 @@ def guaranteed(pod: Pod) -> bool:
 
 def _would_be_guaranteed(pod: Pod, want: dict[str, Resources]) -> bool:
     """Every container (init ones too) would have CPU and memory limits equal to requests
-    once ``want`` is applied: the QoS class would become Guaranteed. (The API server
-    stores quantities canonical, so equal memory amounts read the same.)"""
+    once ``want`` is applied: the QoS class would become Guaranteed. A pod with pod-level
+    resources is classed by those alone (Kubernetes 1.34+). (The API server stores
+    quantities canonical, so equal memory amounts read the same.)"""
     spec = pod.get("spec") or {}
-    for c in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
-        res = c.get("resources") or {}
-        limits = {**(res.get("limits") or {}), **(want.get(c.get("name", "")) or {}).get(
-            "limits", {})}  # fmt: skip
-        requests = res.get("requests") or {}
-        for kind in ("cpu", "memory"):
-            limit, request = limits.get(kind), requests.get(kind, limits.get(kind))
-            if limit is None or request is None:
-                return False
-            if (parse_cpu(str(limit)) != parse_cpu(str(request))) if kind == "cpu" \
-                    else str(limit) != str(request):  # fmt: skip
-                return False
+    if spec.get("resources"):
+        return _guaranteed(spec["resources"], want.get(POD_ROW))
+    return all(_guaranteed(c.get("resources"), want.get(c.get("name", "")))
+               for c in [*(spec.get("containers") or []),
+                         *(spec.get("initContainers") or [])])  # fmt: skip
+
+
+def _guaranteed(resources: dict[str, Any] | None, want: Resources | None) -> bool:
+    """CPU and memory limits equal to their requests, once ``want`` is applied."""
+    res = resources or {}
+    limits = {**(res.get("limits") or {}), **(want or {}).get("limits", {})}
+    requests = res.get("requests") or {}
+    for kind in ("cpu", "memory"):
+        limit, request = limits.get(kind), requests.get(kind, limits.get(kind))
+        if limit is None or request is None:
+            return False
+        if (parse_cpu(str(limit)) != parse_cpu(str(request))) if kind == "cpu" \
+                else str(limit) != str(request):  # fmt: skip
+            return False
     return True
 
 
@@ -117,48 +144,68 @@ def targets(pod: Pod, record: Record, *, undo: bool = False) -> dict[str, Resour
     A Burstable pod whose new limit would equal its request, with every other resource
     already so, would become Guaranteed, which the API server refuses in place ("Pod QOS
     Class may not change as a result of resizing"): its limit is then 1m above the
-    request, the smallest limit that keeps the class (0.1 ms more quota per period)."""
-    containers = _containers(pod)
+    request, the smallest limit that keeps the class (0.1 ms more quota per period).
+    A pod-level limit (``POD_ROW``) the same, in the pod's ``spec.resources``."""
     keep_guaranteed = guaranteed(pod)
     out: dict[str, Resources] = {}
     for c in record.containers:
-        if c.name not in containers:
-            raise InPlaceError(f"pod {pod['metadata']['name']} has no container {c.name!r}")
+        current = _resources(pod, c.name)
+        if current is None:
+            what = "pod-level resources" if is_pod_row(c.name) else f"container {c.name!r}"
+            raise InPlaceError(f"pod {pod['metadata']['name']} has no {what}")
         limit = c.before.cpu_limit if undo else c.after.cpu_limit
         if limit is None:
-            raise InPlaceError(f"container {c.name} had no CPU limit: a resize cannot remove "
+            raise InPlaceError(f"{_what(c.name)} had no CPU limit: a resize cannot remove "
                                "one (the API server refuses it); a rollout can")  # fmt: skip
         quantity = format_cpu(limit)
         res: Resources = {"limits": {"cpu": quantity}}
         if keep_guaranteed:
             res["requests"] = {"cpu": quantity}
         else:
-            request = _cpu(containers[c.name].get("resources"), "requests")
+            request = _cpu(current, "requests")
             if request is not None and request > limit:
-                raise InPlaceError(f"container {c.name} of pod {pod['metadata'].get('name')} "
+                raise InPlaceError(f"{_what(c.name)} of pod {pod['metadata'].get('name')} "
                                    f"requests {format_cpu(request)}, more than the limit "
                                    f"{quantity}: left as it is")  # fmt: skip
         out[c.name] = res
     if not keep_guaranteed and out and _would_be_guaranteed(pod, out):
         for c in record.containers:
-            request = _cpu(containers[c.name].get("resources"), "requests")
+            request = _cpu(_resources(pod, c.name), "requests")
             limits = out[c.name]["limits"]
             if request is not None and parse_cpu(str(limits["cpu"])) == request:
                 limits["cpu"] = format_cpu(request + 1)
     return out
 
 
-def _matches(resources: dict[str, Any] | None, want: Resources) -> bool:
-    return all(_cpu(resources, kind) == _cpu(want, kind) for kind in want)
+def _what(row: str) -> str:
+    return "the pod-level limit" if is_pod_row(row) else f"container {row}"
+
+
+def _matches(resources: dict[str, Any] | None, want: Resources, request_slack_m: int = 0) -> bool:
+    for kind in want:
+        have, asked = _cpu(resources, kind), _cpu(want, kind)
+        slack = request_slack_m if kind == "requests" else 0
+        if have is None or asked is None:
+            if have != asked:
+                return False
+        elif abs(have - asked) > slack:
+            return False
+    return True
 
 
 def resize_body(pod: Pod, want: dict[str, Resources]) -> dict[str, Any] | None:
     """The strategic merge patch for the pod's ``resize`` subresource (None: the spec
-    already asks for ``want``)."""
-    containers = _containers(pod)
+    already asks for ``want``): the containers that change, and the pod's own
+    ``resources`` when its pod-level limit does."""
+    spec: dict[str, Any] = {}
     changed = [{"name": name, "resources": res} for name, res in want.items()
-               if not _matches(containers[name].get("resources"), res)]  # fmt: skip
-    return {"spec": {"containers": changed}} if changed else None
+               if not is_pod_row(name) and not _matches(_resources(pod, name), res)]  # fmt: skip
+    if changed:
+        spec["containers"] = changed
+    own = want.get(POD_ROW)
+    if own is not None and not _matches(_resources(pod, POD_ROW), own):
+        spec["resources"] = own
+    return {"spec": spec} if spec else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +240,9 @@ def resize_state(pod: Pod, want: dict[str, Resources]) -> ResizeState:
             return ResizeState("error", message or reason)
         return ResizeState("resizing", message)
     reported = {s.get("name"): s.get("resources") for s in status.get("containerStatuses") or []}
-    if all(_matches(reported.get(name), res) for name, res in want.items()):
+    reported[POD_ROW] = status.get("resources")  # the pod-level limit, from the pod cgroup
+    if all(_matches(reported.get(name), res, POD_SHARES_SLACK_M if is_pod_row(name) else 0)
+           for name, res in want.items()):  # fmt: skip
         return ResizeState("done")
     if not any(reported.get(name) for name in want) and not _was_resized(pod):
         # A node whose kubelet reports no resources (one without in-place resize: the API
@@ -278,11 +327,17 @@ def admission_patch(pod: Pod, record: Record) -> dict[str, Any] | None:
     if replicaset is None or not record.admits(replicaset):
         return None
     want = targets(pod, record)
-    containers = copy.deepcopy((pod.get("spec") or {}).get("containers") or [])
+    spec = pod.get("spec") or {}
+    containers = copy.deepcopy(spec.get("containers") or [])
     for c in containers:
         for kind, values in want.get(c["name"], {}).items():
             c.setdefault("resources", {}).setdefault(kind, {}).update(values)
     patch: dict[str, Any] = {"spec": {"containers": containers}}
+    if POD_ROW in want:  # the pod-level limit (a merge patch replaces no sibling key)
+        own = copy.deepcopy(spec.get("resources") or {})
+        for kind, values in want[POD_ROW].items():
+            own.setdefault(kind, {}).update(values)
+        patch["spec"]["resources"] = own
     if record.burst_key is not None:
         patch["metadata"] = {"annotations": {record.burst_key: record.burst_after}}
     return patch

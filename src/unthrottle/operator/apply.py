@@ -52,7 +52,6 @@ from unthrottle.kube.patching import (
 from unthrottle.kube.pods import NoResizeSubresource, PodStore, running
 from unthrottle.metrics.source import MetricsError, MetricsSource
 from unthrottle.model.owners import DEPLOYMENT, STATEFULSET, Owners, ref_of
-from unthrottle.model.podlevel import is_pod_row
 from unthrottle.model.policy import ThrottlePolicySpec
 from unthrottle.operator.changes import (
     changes_as_read,
@@ -90,15 +89,6 @@ def _updated(raw: dict[str, Any]) -> str:
     else:
         done, total = status.get("updatedReplicas"), spec.get("replicas", 1)
     return f"{done or 0} of {total or 0} pods have it"
-
-
-POD_LEVEL_NOT_IN_PLACE = (
-    "not applied: a pod-level CPU limit (spec.resources) is changed by Rollout only for now "
-    "(apply.method Rollout, or InPlaceOrRollout, which rolls it out); InPlace resizes "
-    "containers' limits"
-)
-"""An InPlace policy's answer for a change of a pod-level limit: recommended, with its
-patch in the report, never resized in place by the operator (yet)."""
 
 
 ROLLOUT_POLL_S = 5.0
@@ -306,10 +296,7 @@ class Applier:
         changes = changes_as_read(w, raw, spec)
         if not changes:
             return State.UP_TO_DATE, None
-        pod_level = any(is_pod_row(c.name) for c in changes)
-        if pod_level and spec.apply.method == "InPlace":
-            return State.RECOMMENDED, POD_LEVEL_NOT_IN_PLACE
-        if spec.apply.method != "Rollout" and not pod_level:
+        if spec.apply.method != "Rollout":
             if self.inplace is None:
                 return State.SKIPPED, ("apply.method " + spec.apply.method + ": this operator "
                                        "was started without access to pods")  # fmt: skip
