@@ -11,7 +11,8 @@ import pytest
 
 from kube import Kube, fresh_name
 from realistic import NON_ASCII, URL, container, deployment
-from unthrottle.kube.workloads import KubeWorkloadStore
+from unthrottle.kube.watched import WatchedWorkloadStore
+from unthrottle.kube.workloads import KubeWorkloadStore, WorkloadStore
 from unthrottle.recommend import Runtime
 from unthrottle.units import DEFAULT_PERIOD_US
 
@@ -27,12 +28,21 @@ def other(kube: Kube) -> Iterator[str]:
     kube.delete("v1/namespaces", None, name)
 
 
-def store(kube: Kube) -> KubeWorkloadStore:
-    """The store as the operator and ``recommend`` make it: the kubernetes client's APIs."""
+@pytest.fixture(params=["listed", "watched", "watched in its namespace"])
+def store(request: pytest.FixtureRequest, kube: Kube) -> Iterator[WorkloadStore]:
+    """The store as ``recommend`` makes it (LISTs), and as the operator does (watches, of
+    every namespace or of the one it watches): the same answers."""
     from kubernetes import client
 
     api = kube.api_client()
-    return KubeWorkloadStore(client.CoreV1Api(api), client.AppsV1Api(api))
+    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    if request.param == "listed":
+        yield KubeWorkloadStore(core, apps)
+        return
+    scope = (kube.namespace,) if request.param == "watched in its namespace" else ()
+    watched = WatchedWorkloadStore(core, apps, namespaces=scope, timeout_s=10)
+    yield watched
+    watched.close()
 
 
 def plain(namespace: str, name: str, annotations: dict[str, str],
@@ -53,7 +63,7 @@ def plain(namespace: str, name: str, annotations: dict[str, str],
 
 
 def test_containers_runtimes_labels_and_bursts_are_read(
-    kube: Kube, caplog: pytest.LogCaptureFixture
+    kube: Kube, store: WorkloadStore, caplog: pytest.LogCaptureFixture
 ) -> None:
     go = {"name": "api", "resources": {"limits": {"cpu": "0.5"}, "requests": {"cpu": "100m"}},
           "env": [{"name": "GOMAXPROCS", "value": "6"}]}  # fmt: skip
@@ -64,7 +74,7 @@ def test_containers_runtimes_labels_and_bursts_are_read(
     asked = {"unthrottle.io/cpu-burst": "*=10%,api=80ms"}
     kube.create(DEPLOYMENTS, plain(ns, "api", asked, [go, jvm, bare]))
     kube.create(DEPLOYMENTS, plain(ns, "bad", {"unthrottle.io/cpu-burst": "lots"}, [dict(go)]))
-    found = {d.name: d for d in store(kube).deployments([ns])}
+    found = {d.name: d for d in store.deployments([ns])}
     api = found["api"]
     assert api.labels == {"team": "a"}
     c = api.containers
@@ -87,7 +97,7 @@ def test_containers_runtimes_labels_and_bursts_are_read(
 
 
 def test_a_deployment_that_looks_like_a_real_one_is_read_as_its_template_says(
-    kube: Kube,
+    kube: Kube, store: WorkloadStore
 ) -> None:
     ns = kube.namespace
     jvm_env = [{"name": "JAVA_TOOL_OPTIONS",
@@ -104,7 +114,7 @@ def test_a_deployment_that_looks_like_a_real_one_is_read_as_its_template_says(
         container("ledger", limit="1500m", request="1", env=jvm_env),
         container("proxy", limit=None, request="20m", env=go_env),
     ]))  # fmt: skip
-    found = {d.name: d for d in store(kube).deployments([ns])}
+    found = {d.name: d for d in store.deployments([ns])}
     checkout = found["checkout"]
     # the app and its sidecar; the init container ran to completion and is not sized
     assert list(checkout.containers) == ["app", "sidecar"]
@@ -127,7 +137,7 @@ def test_a_deployment_that_looks_like_a_real_one_is_read_as_its_template_says(
 
 
 def test_pods_and_replicasets_are_owned_through_the_controllers_references(
-    kube: Kube, other: str
+    kube: Kube, store: WorkloadStore, other: str
 ) -> None:
     ns = kube.namespace
     kube.create(DEPLOYMENTS, deployment(ns, "checkout"))
@@ -142,7 +152,7 @@ def test_pods_and_replicasets_are_owned_through_the_controllers_references(
     kube.create("v1/pods", {"apiVersion": "v1", "kind": "Pod",
                             "metadata": {"namespace": ns, "name": "bare"},
                             "spec": {"containers": [{"name": "x", "image": "x"}]}})  # fmt: skip
-    owners = store(kube).pod_owners([ns])
+    owners = store.pod_owners([ns])
     rs_names = {first["metadata"]["name"], second["metadata"]["name"]}
     assert owners.replicasets == {(ns, rs): "checkout" for rs in rs_names}
     live = {p["metadata"]["name"] for p in kube.pods_of(second)}

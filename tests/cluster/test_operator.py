@@ -6,8 +6,9 @@ real Prometheus serving a day of backfilled history."""
 from __future__ import annotations
 
 import json
+import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -159,3 +160,71 @@ def test_a_policy_named_with_63_characters_gets_its_report_and_checkpoint(
     checkpoints = [c for c in running.kube.list("v1/configmaps", web)
                    if c["metadata"]["name"].startswith(f"{name}-evidence")]  # fmt: skip
     assert checkpoints and all(name in c["metadata"]["labels"].values() for c in checkpoints)
+
+
+LISTED = ("deployments", "replicasets", "pods")
+
+
+def _namespaced_lists(running: Running) -> dict[str, int]:
+    """The namespace-scoped LISTs of Deployments, ReplicaSets and pods the API server has
+    served so far, any client's (its own ``apiserver_request_total``)."""
+    status, text = running.kube.plane.request("GET", "/metrics")
+    assert status == 200, text
+    out = dict.fromkeys(LISTED, 0)
+    for line in str(text).splitlines():
+        if line.startswith("apiserver_request_total{"):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
+            if (labels.get("verb"), labels.get("scope")) == ("LIST", "namespace") and (
+                labels.get("resource") in out and not labels.get("subresource")):  # fmt: skip
+                out[labels["resource"]] += int(float(line.rsplit(" ", 1)[1]))
+    return out
+
+
+def observed(generation: int) -> Callable[[dict[str, Any]], bool]:
+    return lambda status: bool(status["observedGeneration"] == generation)
+
+
+def test_a_steady_reconcile_lists_no_deployments_replicasets_or_pods(running: Running) -> None:
+    """The workloads, ReplicaSets and pods come from watches: after the first reconcile, the
+    next ones send the API server no LIST of them (counted on its own request counter and
+    on the operator's requests), and what changes in the namespace still reaches the
+    status: a Deployment created later is in the next one."""
+    web = running.ns["web"]
+    running.policy(web, "steady", {"window": "12h", "interval": "30s"})
+    running.status_when(web, "steady", lambda s: bool(s["summary"]))
+    operator_lists = f"^/apis?/(apps/)?v1/namespaces/{web}/({'|'.join(LISTED)})$"
+
+    def lists() -> tuple[dict[str, int], int]:
+        seen = running.proxy.requests("GET", operator_lists)
+        return _namespaced_lists(running), sum(1 for r in seen if not r.params.get("watch"))
+
+    before = lists()
+    for seconds in (31, 32, 33):  # a spec change reconciles at once: three reconciles
+        generation = running.kube.patch(POLICIES, web, "steady",
+                                        {"spec": {"interval": f"{seconds}s"}}
+                                        )["metadata"]["generation"]  # fmt: skip
+        done = running.status_when(web, "steady", observed(generation))
+        degraded = next(c for c in done["conditions"] if c["type"] == "Degraded")
+        # (a Conflict with the module's older policies over frontend is not this test's)
+        assert done["lastGoodRun"] and degraded["reason"] != "ApiUnavailable", degraded
+    assert lists() == before  # not one LIST, by anyone, of what the operator reads
+    watches = [r.path for r in running.proxy.requests("GET", operator_lists)
+               if r.params.get("watch")]  # fmt: skip
+    assert {p.rsplit("/", 1)[1] for p in watches} == {"deployments", "replicasets", "pods"}
+    frontend = running.kube.get("apps/v1/deployments", web, "frontend")
+    assert frontend is not None
+    spec = frontend["spec"]  # its pods' own labels: no selector shared with frontend
+    spec["selector"] = {"matchLabels": {"app": "late"}}
+    spec["template"]["metadata"]["labels"] = {"app": "late"}
+    late = {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"namespace": web, "name": "late"}, "spec": spec}  # fmt: skip
+    running.kube.create("apps/v1/deployments", late)
+    try:
+        generation = running.kube.patch(POLICIES, web, "steady", {"spec": {"interval": "34s"}}
+                                        )["metadata"]["generation"]  # fmt: skip
+        status = running.status_when(web, "steady", observed(generation))
+        assert "late" in [w["deployment"] for w in status["workloads"]]
+        assert lists()[1] == before[1]
+    finally:
+        running.kube.delete("apps/v1/deployments", web, "late")
+        running.kube.delete(POLICIES, web, "steady")

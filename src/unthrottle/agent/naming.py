@@ -21,9 +21,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import urllib3
-
 from unthrottle.agent.discovery import Found, Identity
+from unthrottle.kube.informer import one_attempt
 
 log = logging.getLogger("unthrottle.agent")
 
@@ -67,19 +66,6 @@ def pod_info(item: dict[str, Any]) -> PodInfo:
     )
 
 
-def _one_attempt(api: Any) -> None:
-    """A list is one request: no retry inside it. urllib3 retries a GET that timed out
-    three times by default, so a hung API server held discovery for 4 × ``timeout_s``
-    (measured behind a proxy that answered late: 2.0 s at 0.5 s). The agent lists again at
-    its next discovery anyway, and :class:`CachedPods` keeps the last list meanwhile.
-    A client without urllib3's pool manager (another kind of ``api``) is left as it is."""
-    rest = getattr(getattr(api, "api_client", None), "rest_client", None)
-    pools = getattr(rest, "pool_manager", None)
-    if pools is not None and isinstance(getattr(pools, "connection_pool_kw", None), dict):
-        pools.connection_pool_kw["retries"] = urllib3.Retry(total=0)
-        pools.clear()  # pools made before now would keep their retries
-
-
 class KubePodSource:
     """Pods on one node, from the Kubernetes API (``kubernetes.client.CoreV1Api``)."""
 
@@ -89,7 +75,7 @@ class KubePodSource:
         self.timeout_s = timeout_s
         """Connect and read timeout of each list, s: a hung API server must not hang the
         discovery thread (and with it the burst writer) forever."""
-        _one_attempt(api)
+        one_attempt(api)
 
     def pods(self) -> list[PodInfo]:
         """List this node's pods (from the API server's cache: resourceVersion 0)."""

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from unthrottle.kube.informer import by_name
 from unthrottle.model.burst import BurstAnnotationError, BurstSpec, burst_specs, spec_for
 from unthrottle.model.owners import DAEMONSET, DEPLOYMENT, STATEFULSET, Owners, ref
 from unthrottle.model.podlevel import POD_ROW
@@ -156,6 +157,47 @@ def _with_burst(
     return spec if wanted is None else replace(spec, burst=wanted)
 
 
+def workload_info(item: dict[str, Any], kind: str) -> DeploymentInfo:
+    """A workload of ``kind`` from the API's JSON (``raw``: the object itself, its ``kind``
+    set, which a list's items have not: Apply reads it)."""
+    item.setdefault("kind", kind)
+    meta = item.get("metadata", {})
+    pod_template = (item.get("spec") or {}).get("template") or {}
+    template = pod_template.get("spec") or {}
+    annotations = (pod_template.get("metadata") or {}).get("annotations") or {}
+    specs = template_rows(template, annotations, meta)
+    return DeploymentInfo(meta.get("namespace", ""), meta.get("name", ""),
+                          {c.name: c for c in specs}, dict(meta.get("labels") or {}),
+                          dict(meta.get("annotations") or {}), item, kind)  # fmt: skip
+
+
+PodLink = tuple[tuple[str, str], tuple[tuple[str, str], ...]]
+"""A pod's (namespace, name) and its controllers' (kind, name): what ownership needs of it."""
+
+
+def pod_link(pod: dict[str, Any]) -> PodLink:
+    """What :func:`link_pods` needs of a pod object (a few strings, whatever its size)."""
+    refs = (pod.get("metadata") or {}).get("ownerReferences") or []
+    return by_name(pod), tuple((str(r.get("kind")), str(r.get("name"))) for r in refs
+                               if r.get("controller", True))  # fmt: skip
+
+
+def link_pods(owners: Owners, pods: Iterable[PodLink]) -> None:
+    """Give each pod its workload in ``owners.pods``: a StatefulSet or DaemonSet of
+    ``owners.direct`` that controls it, else the Deployment of its ReplicaSet."""
+    for (ns, name), controllers in pods:
+        found = None
+        for kind in (STATEFULSET, DAEMONSET):
+            for owner_kind, owner in controllers:
+                if owner_kind == kind and owners.direct.get((ns, owner)) == kind:
+                    found = ref(kind, owner)
+        if found is None:
+            replica_set = next((o for k, o in controllers if k == "ReplicaSet"), "")
+            found = owners.replicasets.get((ns, replica_set))
+        if found is not None:
+            owners.pods[(ns, name)] = found
+
+
 def _owner(meta: dict[str, Any], kind: str) -> str | None:
     for owner in meta.get("ownerReferences") or []:
         if owner.get("kind") == kind and owner.get("controller", True):
@@ -203,22 +245,9 @@ class KubeWorkloadStore:
     ) -> list[DeploymentInfo]:
         """Workloads of ``kinds`` with their template containers (one LIST per kind and
         namespace)."""
-        out = []
         selected = list(namespaces)
-        listed = [(kind, item) for kind in kinds for item in self._workloads(kind, selected)]
-        for kind, item in listed:
-            item.setdefault("kind", kind)  # a list's items have none: Apply reads it
-            meta = item.get("metadata", {})
-            pod_template = (item.get("spec") or {}).get("template") or {}
-            template = pod_template.get("spec") or {}
-            annotations = (pod_template.get("metadata") or {}).get("annotations") or {}
-            specs = template_rows(template, annotations, meta)
-            out.append(DeploymentInfo(meta.get("namespace", ""), meta.get("name", ""),
-                                      {c.name: c for c in specs},
-                                      dict(meta.get("labels") or {}),
-                                      dict(meta.get("annotations") or {}), item,
-                                      kind))  # fmt: skip
-        return out
+        return [workload_info(item, kind) for kind in kinds
+                for item in self._workloads(kind, selected)]  # fmt: skip
 
     def pod_owners(self, namespaces: Iterable[str], kinds: tuple[str, ...] = (DEPLOYMENT,),
                    listed: Iterable[DeploymentInfo] | None = None) -> Owners:  # fmt: skip
@@ -234,10 +263,9 @@ class KubeWorkloadStore:
                 apps.list_namespaced_replica_set, apps.list_replica_set_for_all_namespaces, selected
             )
             for rs in replica_sets:
-                meta = rs.get("metadata", {})
-                deploy = _owner(meta, "Deployment")
+                deploy = _owner(rs.get("metadata", {}), DEPLOYMENT)
                 if deploy is not None:
-                    owners.replicasets[(meta.get("namespace", ""), meta.get("name", ""))] = deploy
+                    owners.replicasets[by_name(rs)] = deploy
         if listed is not None:
             owners.direct.update({(w.namespace, w.name): w.kind for w in listed
                                   if w.kind in (STATEFULSET, DAEMONSET)})  # fmt: skip
@@ -247,16 +275,5 @@ class KubeWorkloadStore:
                     meta = item.get("metadata", {})
                     owners.direct[(meta.get("namespace", ""), meta.get("name", ""))] = kind
         pods = self._list(core.list_namespaced_pod, core.list_pod_for_all_namespaces, selected)
-        for pod in pods:
-            meta = pod.get("metadata", {})
-            ns = meta.get("namespace", "")
-            found = None
-            for kind in (STATEFULSET, DAEMONSET):
-                owner = _owner(meta, kind)
-                if owner is not None and owners.direct.get((ns, owner)) == kind:
-                    found = ref(kind, owner)
-            if found is None:
-                found = owners.replicasets.get((ns, _owner(meta, "ReplicaSet") or ""))
-            if found is not None:
-                owners.pods[(ns, meta.get("name", ""))] = found
+        link_pods(owners, (pod_link(pod) for pod in pods))
         return owners

@@ -7,13 +7,14 @@ import asyncio
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import kopf
 
 from unthrottle.kube.deployments import KubeDeployments
 from unthrottle.kube.objects import KubeObjects
 from unthrottle.kube.pods import KubePods
-from unthrottle.kube.workloads import KubeWorkloadStore
+from unthrottle.kube.watched import RESOURCES, WatchedWorkloadStore
 from unthrottle.metrics.source import PrometheusSource
 from unthrottle.operator.admission import HANDLER_ID, KubeOwners, PodAdmission
 from unthrottle.operator.handlers import register
@@ -85,6 +86,18 @@ def kopf_settings(webhook: WebhookOptions | None) -> kopf.OperatorSettings:
     return settings
 
 
+def watched_store(client: Any, settings: OperatorSettings) -> WatchedWorkloadStore:
+    """The workloads, ReplicaSets and pods, kept by watches on a client of their own: each
+    informer holds one connection open, which must not take the reconciler's (urllib3's
+    pool keeps ``connection_pool_maxsize`` of them, 5 per core by default)."""
+    config = client.Configuration.get_default_copy()
+    config.connection_pool_maxsize = len(RESOURCES) * max(1, len(settings.namespaces)) + 2
+    api = client.ApiClient(config)
+    return WatchedWorkloadStore(client.CoreV1Api(api), client.AppsV1Api(api),
+                                namespaces=settings.namespaces,
+                                timeout_s=settings.api_timeout_s)  # fmt: skip
+
+
 def run(settings: OperatorSettings, options: RunOptions) -> None:
     """Run until SIGTERM / SIGINT."""
     from kubernetes import client
@@ -93,11 +106,11 @@ def run(settings: OperatorSettings, options: RunOptions) -> None:
     source = PrometheusSource(settings.prometheus)
     telemetry = Telemetry(queries=lambda: source.queries)
     api = client.ApiClient()
+    workloads = watched_store(client, settings)
     objects = KubeObjects(api, timeout_s=settings.api_timeout_s)
     reconciler = Reconciler(
         settings, metrics=source,
-        workloads=KubeWorkloadStore(client.CoreV1Api(api), client.AppsV1Api(api),
-                                    timeout_s=settings.api_timeout_s),
+        workloads=workloads,
         objects=objects,
         evidence=IncrementalReader(source, objects,
                                    concurrency=settings.concurrency,
