@@ -309,6 +309,8 @@ def _operator_report_and_more() -> list[Case]:
         op("namespace-markup", "--namespace", "[/x]"),
         op("namespace-and-all", "--namespace", "a", "--all-namespaces"),
         op("peering-and-standalone", "--peering", "x", "--standalone"),
+        op("peering-lifetime-short", "--peering", "x", "--peering-lifetime", "5",
+           names="--peering-lifetime"),
         op("log-format", "--log-format", "xml"),
         op("status-zero", "--status-max-workloads", "0"),
         op("status-huge", "--status-max-workloads", "100000"),

@@ -82,6 +82,13 @@ def operator_command(
         bool, typer.Option("--standalone", help="No peering (one replica; the default).")
     ] = False,
     priority: Annotated[int, typer.Option(help="This replica's peering priority.")] = 0,
+    peering_lifetime: Annotated[
+        int,
+        typer.Option(
+            help="Seconds a replica's keep-alive in the peering object counts: a standby "
+            "takes over at most this long after the working replica died unannounced.",
+        ),
+    ] = 20,
     log_format: Annotated[
         str | None,
         typer.Option(help="json or text [default: text on a terminal, json otherwise]."),
@@ -132,6 +139,8 @@ def operator_command(
         raise fail(f"--log-format: {log_format!r} is not json or text", 2)
     checks.whole(status_max_workloads, "--status-max-workloads", 1, 1000,
                  " (a status must stay far below etcd's 1.5 MiB object limit)")  # fmt: skip
+    checks.whole(peering_lifetime, "--peering-lifetime", 10, 3600,
+                 " (each replica renews its keep-alive 5-10 s before it expires)")  # fmt: skip
     namespaces = checks.names(namespace, "--namespace")
     period_us = checks.cfs_period(cfs_period, "--cfs-period")
     live = None
@@ -155,6 +164,7 @@ def operator_command(
         namespaces=namespaces,
         status_max_workloads=status_max_workloads,
         cfs_period_us=period_us,
+        peering_lifetime_s=peering_lifetime,
     )
     json_logs = (log_format or ("text" if sys.stderr.isatty() else "json")) == "json"
     run(settings, RunOptions(liveness=live, metrics=served, peering=peering,

@@ -39,8 +39,13 @@ def register(registry: kopf.OperatorRegistry, reconciler: Reconciler, settings: 
         # the kubernetes client's own loading: $KUBECONFIG, or the in-cluster service account
         return kopf.login_via_client(**kwargs)
 
+    peering_lifetime_s = settings.peering_lifetime_s
+
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        # With --peering: how soon a standby sees that the working replica died unannounced
+        # (its keep-alive expires); the keep-alives start after the startup handlers
+        settings.peering.lifetime = peering_lifetime_s
         # Kopf's own bookkeeping in annotations, never in status (which is ours)
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
             prefix="unthrottle.io"

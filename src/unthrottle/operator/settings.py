@@ -45,6 +45,13 @@ class OperatorSettings:
     """When a container's last recommendation is kept rather than recomputed."""
     api_timeout_s: float = 30.0
     """Every Kubernetes API call's timeout."""
+    peering_lifetime_s: int = 20
+    """How long a replica's keep-alive in the Kopf peering object counts, s (with
+    ``--peering``): a standby takes over at most this long after the working replica died
+    without a word (SIGKILL, a lost node), when its record expires. Each replica renews
+    its own 5-10 s before that (a PATCH every 10-15 s at 20). Kopf's default, 60, would let
+    a policy of the shortest interval (30 s) miss two of its runs; 20 keeps the next status
+    within two intervals (docs/operator.md, "Two replicas")."""
     cfs_period_us: int = DEFAULT_PERIOD_US
     """The CFS period, µs, of containers the node agent reports none for: the kubelets'
     ``--cpu-cfs-quota-period`` (100 ms, Kubernetes' default). A node fact, not a policy's:
