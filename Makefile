@@ -79,6 +79,9 @@ browser:
 ## Debian's libseccomp-dev, which root installs, with iproute2 for the node's bridge). Both
 ## go to ~/.cache/unthrottle (outside the work tree; $$UNTHROTTLE_CACHE moves it), reused
 ## while go.mod, go.sum and Go are unchanged.
+## Beside them, from their own Go modules: Prometheus 3 with Kubernetes discovery and Thanos
+## (sidecar and querier: tests/cluster/test_thanos.py), reused while their pinned version
+## and Go are unchanged.
 controlplane: $(STAMP)
 	@{ pkg-config --exists libseccomp 2>/dev/null && command -v ip >/dev/null; } || { \
 	  if [ "$$(id -u)" = 0 ]; then \

@@ -25,3 +25,6 @@ from support.report_html import (  # noqa: F401 (fixtures)
 from support.scan import (  # noqa: F401 (fixtures)
     shop,
 )
+from support.thanos import (  # noqa: F401 (fixtures)
+    thanos_binary,
+)

@@ -10,6 +10,7 @@ import threading
 import time
 from http.server import ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
@@ -73,7 +74,7 @@ def test_an_unreachable_prometheus_is_named_in_the_error() -> None:
 
 @pytest.fixture
 def recorder() -> tuple[str, type[_Recorder]]:
-    handler = type("Recorder", (_Recorder,), {"seen": [], "status": 200})
+    handler = type("Recorder", (_Recorder,), {"seen": [], "paths": [], "status": 200})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -98,6 +99,24 @@ def test_a_rotated_token_file_is_read_again_and_headers_reach_the_server(
         "Bearer second-and-longer",
     ]
     assert all(h["X-Scope-OrgID"] == "team-a" for h in handler.seen)
+
+
+def test_every_query_asks_for_a_whole_answer_or_none(
+    recorder: tuple[str, type[_Recorder]],
+) -> None:
+    # Thanos Query answers by default from the stores it reached, their loss a warning
+    # beside the data, and a recommendation from half the pods sizes for half the demand
+    # (docs/thanos.md): partial_response=false turns that into an error
+    url, handler = recorder
+    source = PrometheusSource(PrometheusConfig(url))
+    source.instant("up")
+    source.range("up", 0, 60, 15)
+    asked = [parse_qs(urlsplit(path).query) for path in handler.paths]
+    assert [urlsplit(path).path for path in handler.paths] == [
+        "/api/v1/query",
+        "/api/v1/query_range",
+    ]
+    assert [query["partial_response"] for query in asked] == [["false"], ["false"]]
 
 
 def test_refused_credentials_say_so(recorder: tuple[str, type[_Recorder]]) -> None:

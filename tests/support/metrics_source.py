@@ -35,10 +35,13 @@ def history(now: int) -> str:
 
 class _Recorder(BaseHTTPRequestHandler):
     seen: ClassVar[list[dict[str, str]]] = []
+    paths: ClassVar[list[str]] = []
+    """Each request's path with its query string."""
     status: ClassVar[int] = 200
 
     def do_GET(self) -> None:
         type(self).seen.append(dict(self.headers))
+        type(self).paths.append(self.path)
         body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
             {"metric": {"job": "x"}, "value": [1, "1"]}]}}).encode()  # fmt: skip
         self.send_response(type(self).status)

@@ -54,10 +54,14 @@ class PrometheusServer:
                  tsdb: Path | None = None, flags: tuple[str, ...] = (),
                  tls: tuple[Path, Path] | None = None,
                  users: dict[str, str] | None = None,
-                 listen: str = "127.0.0.1", binary: str = "prometheus") -> None:  # fmt: skip
+                 listen: str = "127.0.0.1", binary: str = "prometheus",
+                 external_labels: dict[str, str] | None = None) -> None:  # fmt: skip
         """``listen``: the address it serves on (``0.0.0.0``: also where the real node's pods
         reach the host); ``url`` is on 127.0.0.1 either way. ``binary``: Debian's by default
-        (:mod:`unthrottle_lab.kube.prometheus_build` has one with Kubernetes discovery)."""
+        (:mod:`unthrottle_lab.kube.prometheus_build` has one with Kubernetes discovery).
+        ``external_labels``: the ``global.external_labels`` that name this server among
+        others (a Thanos sidecar refuses to serve a Prometheus without any:
+        :mod:`unthrottle_lab.thanos`)."""
         self.folder = folder
         self.listen = listen
         self.binary = binary
@@ -74,8 +78,9 @@ class PrometheusServer:
             self.flags = (*flags, f"--web.config.file={folder / 'web.yml'}")
         self.tsdb = tsdb or folder / "tsdb"
         self.config = folder / "prometheus.yml"
+        named = f", external_labels: {json.dumps(external_labels)}" if external_labels else ""
         self.config.write_text(
-            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n" + (scrape or "")
+            f"global: {{scrape_interval: 1s, evaluation_interval: 1s{named}}}\n" + (scrape or "")
         )
         if openmetrics:
             data = folder / "history.om"

@@ -52,6 +52,11 @@ _EVALUATE_AS_ASKED = {"nocache": "1"}
 for within ``-search.latencyOffset`` (30 s) of its clock 30 s earlier, and align a range
 query of 50 points or more to multiples of its step (docs/metrics.md, "Compatible
 backends"); Prometheus, Thanos and Mimir ignore it."""
+_WHOLE_ANSWERS_ONLY = {"partial_response": "false"}
+"""Sent with every query. Thanos Query answers by default with what the stores it reached
+hold, the others' loss only a ``warnings`` entry beside the data: a recommendation made
+from half a Deployment's pods would size it for half its demand. With this, a store that
+fails the query fails it (docs/thanos.md); Prometheus, Mimir and VictoriaMetrics ignore it."""
 _NARROW = "narrow it with --namespace or a shorter --window"
 _BASE_URL = "give the server's base URL, e.g. http://prometheus:9090 or https://host/prometheus"
 MAX_TIMEOUT_S = 3600.0
@@ -353,7 +358,7 @@ class PrometheusSource:
 
     def instant(self, promql: str, at: float | None = None) -> list[Sample]:
         """Evaluate an instant query."""
-        params: dict[str, Any] = {"query": promql, **_EVALUATE_AS_ASKED}
+        params: dict[str, Any] = {"query": promql, **_EVALUATE_AS_ASKED, **_WHOLE_ANSWERS_ONLY}
         if at is not None:
             params["time"] = at
         result = self._get("/api/v1/query", params)
@@ -370,7 +375,8 @@ class PrometheusSource:
     def range(self, promql: str, start: float, end: float, step_s: float) -> list[RangeSeries]:
         """Evaluate a range query (``/api/v1/query_range``)."""
         params = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}",
-                  "step": f"{step_s:.3f}", **_EVALUATE_AS_ASKED}  # fmt: skip
+                  "step": f"{step_s:.3f}", **_EVALUATE_AS_ASKED,
+                  **_WHOLE_ANSWERS_ONLY}  # fmt: skip
         result = self._get("/api/v1/query_range", params)
         try:
             return [

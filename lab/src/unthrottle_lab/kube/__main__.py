@@ -8,9 +8,10 @@
 ``{"node", "endpoint", "cgroup_root", "images": {"workload", "pause"}, …}``. It runs until
 SIGINT or SIGTERM, then ends everything it started, by PID, and removes what it wrote
 (after a SIGKILL, the node's guard does). ``build`` builds the control plane's and the
-node's binaries. ``image`` builds the product's image from the Dockerfile (:mod:`.image`)
-when the cache has none for this checkout, and prints its archive's path, its name, and
-whether it was cached, with what its cold build took.
+node's binaries, Prometheus with Kubernetes discovery and Thanos. ``image`` builds the
+product's image from the Dockerfile (:mod:`.image`) when the cache has none for this
+checkout, and prints its archive's path, its name, and whether it was cached, with what
+its cold build took.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from unthrottle_lab.kube.cluster import ControlPlane, StartError
 from unthrottle_lab.kube.image import build_product_image, build_record, cached_product_image
 from unthrottle_lab.kube.node import RealNode
 from unthrottle_lab.kube.prometheus_build import ensure_prometheus_built
+from unthrottle_lab.kube.thanos_build import ensure_thanos_built
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -107,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             print(ensure_built().folder)
             print(ensure_node_built().folder)
             print(ensure_prometheus_built())
+            print(ensure_thanos_built())
             return 0
         if args.command == "image":
             return _image()
