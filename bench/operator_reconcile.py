@@ -26,8 +26,10 @@ Results: docs/benchmarks.md §8, bench/results/operator-reconcile.json.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import math
+import re
 import sys
 import time
 import urllib.parse
@@ -217,6 +219,56 @@ def rss_mb() -> float:
     return math.nan
 
 
+def api_requests(plane: ControlPlane) -> collections.Counter[str]:
+    """The API server's own count of requests so far (``apiserver_request_total``), by verb,
+    resource and scope; the nodes' heartbeats (leases, node status) and the watches' own
+    renewals left out. The benchmark's requests are counted too: one GET of the policy and
+    the operator's writes (status, report, checkpoints, events) per reconcile."""
+    status, text = plane.request("GET", "/metrics")
+    assert status == 200, text
+    out: collections.Counter[str] = collections.Counter()
+    for line in str(text).splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels, value = line[len("apiserver_request_total{") :].rsplit("} ", 1)
+        found = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        if found.get("resource") in ("leases", "nodes") or found.get("verb") == "WATCH":
+            continue
+        sub = f"/{found['subresource']}" if found.get("subresource") else ""
+        out[f"{found['verb']} {found.get('resource')}{sub} ({found.get('scope')})"] += int(
+            float(value))  # fmt: skip
+    return out
+
+
+LISTED = ("deployments", "replicasets", "pods", "throttlepolicies")
+LISTS = [f"LIST {resource} (namespace)" for resource in LISTED]
+"""The namespace's LISTs counted in the summary: what the watches replaced, and the policies
+(a reconcile lists them for the older ones that select the same Deployments)."""
+
+
+def held_bytes(store: Any) -> dict[str, Any]:
+    """Python memory the store's informers hold once synced, per object kept (tracemalloc
+    over the first lists: what stays allocated after them)."""
+    import gc
+    import tracemalloc
+
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    store.deployments([NS])
+    store.pod_owners([NS])
+    gc.collect()
+    held = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    out: dict[str, Any] = {}
+    for (resource, _), informer in store.informers.items():
+        out[f"{resource} kept"] = len(informer.values())
+    objects = sum(v for v in out.values())
+    out["bytes_held"] = held
+    out["bytes_per_object"] = round(held / max(1, objects))
+    return out
+
+
 def limits_of(doc: dict[str, Any]) -> dict[str, Any]:
     """Deployment → its containers' recommended (limit, burst), from a JSON document."""
     return {w["deployment"]: [(c["recommendation"] or {}).get("limit_millicores") for c in
@@ -254,6 +306,7 @@ def run(args: argparse.Namespace, plane: ControlPlane, replicasets: list[str]) -
     from kubernetes import client, config
 
     from unthrottle.kube.objects import KubeObjects
+    from unthrottle.kube.watched import WatchedWorkloadStore
     from unthrottle.kube.workloads import KubeWorkloadStore
     from unthrottle.operator.reconcile import Reconciler
     from unthrottle.operator.settings import OperatorSettings
@@ -277,11 +330,16 @@ def run(args: argparse.Namespace, plane: ControlPlane, replicasets: list[str]) -
                             "queries": source.queries - mark,
                             "samples": source.samples(prom.url, sent)}  # fmt: skip
         print("recommend:", out["recommend"], flush=True)
-        # 2. the operator: a first reconcile, then ten, five minutes apart
+        # 2. the operator: a first reconcile, then ten, five minutes apart; its workloads,
+        # ReplicaSets and pods kept by watches (as `unthrottle operator` keeps them)
         clock = [float(t0)]
         objects_ = KubeObjects(api)
+        watched = WatchedWorkloadStore(client.CoreV1Api(api), client.AppsV1Api(api),
+                                       namespaces=(NS,))  # fmt: skip
+        out["bytes_per_object"] = held_bytes(watched)
+        print("held by the watches:", out["bytes_per_object"], flush=True)
         reconciler = Reconciler(
-            OperatorSettings(source.config, jobs=None), metrics=source, workloads=store,  # type: ignore[arg-type]
+            OperatorSettings(source.config, jobs=None), metrics=source, workloads=watched,  # type: ignore[arg-type]
             objects=objects_, clock=lambda: clock[0],
             evidence=IncrementalReader(source, objects_),  # type: ignore[arg-type]
         )  # fmt: skip
@@ -293,6 +351,7 @@ def run(args: argparse.Namespace, plane: ControlPlane, replicasets: list[str]) -
             clock[0] = t0 + 300 * i
             body = custom.get_namespaced_custom_object(*policies, "all")
             mark, sent = source.queries, len(source.sent)
+            api_before = api_requests(plane)
             cpu, started = time.process_time(), time.perf_counter()
             if args.profile and i == 5:
                 import cProfile
@@ -307,6 +366,7 @@ def run(args: argparse.Namespace, plane: ControlPlane, replicasets: list[str]) -
                    "cpu_s": round(time.process_time() - cpu, 2),
                    "queries": source.queries - mark, "fault": outcome.fault,
                    "rss_mb": round(rss_mb(), 1)}  # fmt: skip
+            run["api"] = dict(api_requests(plane) - api_before)
             run["samples"] = source.samples(prom.url, sent)
             source.sent.clear()  # the benchmark's own memory, not the operator's
             runs.append(run)
@@ -335,11 +395,13 @@ def run(args: argparse.Namespace, plane: ControlPlane, replicasets: list[str]) -
         ours, theirs = limits_of(json.loads(report)), limits_of(fresh.to_json("24h"))
         same = sum(1 for d in ours if ours[d] == theirs.get(d))
         out["same_recommendations"] = f"{same} of {len(ours)}"
+        watched.close()  # before the control plane stops
     first, steady = runs[0], runs[1:]
     out["summary"] = {
         "first_vs_recommend_wall": round(first["wall_s"] / out["recommend"]["wall_s"], 2),
         "steady_samples_share_max": round(max(r["samples"] for r in steady) / first["samples"], 4),
         "steady_cpu_s_max": max(r["cpu_s"] for r in steady),
+        "steady_lists": {what: sum(r["api"].get(what, 0) for r in steady) for what in LISTS},
         "rss_mb_after_2": runs[1]["rss_mb"], "rss_mb_after_10": runs[-1]["rss_mb"],
     }  # fmt: skip
     print(json.dumps(out["summary"], indent=1))
