@@ -37,6 +37,9 @@ from typing import Any, cast
 
 from unthrottle.kube.informer import Informer, by_name, one_attempt
 from unthrottle.kube.workloads import (
+    LIST_CALLS,
+    PODS,
+    REPLICASETS,
     DeploymentInfo,
     PodLink,
     _owner,
@@ -45,17 +48,6 @@ from unthrottle.kube.workloads import (
     workload_info,
 )
 from unthrottle.model.owners import DAEMONSET, DEPLOYMENT, STATEFULSET, Owners
-
-REPLICASETS, PODS = "replicasets", "pods"
-
-_CALLS: dict[str, tuple[str, str, str]] = {
-    # resource → (API, namespaced list method, every namespace's)
-    DEPLOYMENT: ("apps", "list_namespaced_deployment", "list_deployment_for_all_namespaces"),
-    STATEFULSET: ("apps", "list_namespaced_stateful_set", "list_stateful_set_for_all_namespaces"),
-    DAEMONSET: ("apps", "list_namespaced_daemon_set", "list_daemon_set_for_all_namespaces"),
-    REPLICASETS: ("apps", "list_namespaced_replica_set", "list_replica_set_for_all_namespaces"),
-    PODS: ("core", "list_namespaced_pod", "list_pod_for_all_namespaces"),
-}
 
 
 def trimmed(obj: dict[str, Any]) -> dict[str, Any]:
@@ -75,7 +67,7 @@ def _replica_set(obj: dict[str, Any]) -> str | None:
     return _owner(obj.get("metadata") or {}, DEPLOYMENT)
 
 
-RESOURCES = tuple(_CALLS)
+RESOURCES = tuple(LIST_CALLS)
 """What is watched, per namespace: at most one informer (and one open connection) each."""
 
 _CONVERT: dict[str, Callable[[dict[str, Any]], Any]] = {
@@ -169,7 +161,7 @@ class WatchedWorkloadStore:
         with self._lock:
             informer = self.informers.get((resource, scope))
             if informer is None:
-                api_name, namespaced, everywhere = _CALLS[resource]
+                api_name, namespaced, everywhere = LIST_CALLS[resource]
                 api = self.apis[api_name]
                 call = (getattr(api, everywhere) if scope is None
                         else functools.partial(getattr(api, namespaced), scope))  # fmt: skip

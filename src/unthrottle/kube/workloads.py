@@ -198,6 +198,20 @@ def link_pods(owners: Owners, pods: Iterable[PodLink]) -> None:
             owners.pods[(ns, name)] = found
 
 
+REPLICASETS, PODS = "replicasets", "pods"
+
+LIST_CALLS: dict[str, tuple[str, str, str]] = {
+    # resource (a workload's kind, or one of the two above) → (the kubernetes client's API,
+    # its namespaced list method, its every-namespace one)
+    DEPLOYMENT: ("apps", "list_namespaced_deployment", "list_deployment_for_all_namespaces"),
+    STATEFULSET: ("apps", "list_namespaced_stateful_set", "list_stateful_set_for_all_namespaces"),
+    DAEMONSET: ("apps", "list_namespaced_daemon_set", "list_daemon_set_for_all_namespaces"),
+    REPLICASETS: ("apps", "list_namespaced_replica_set", "list_replica_set_for_all_namespaces"),
+    PODS: ("core", "list_namespaced_pod", "list_pod_for_all_namespaces"),
+}
+"""The list calls of what a :class:`WorkloadStore` reads, listed or watched."""
+
+
 def _owner(meta: dict[str, Any], kind: str) -> str | None:
     for owner in meta.get("ownerReferences") or []:
         if owner.get("kind") == kind and owner.get("controller", True):
@@ -218,27 +232,19 @@ class KubeWorkloadStore:
     def _items(reply: Any) -> list[dict[str, Any]]:
         return list(json.loads(reply.data).get("items", []))
 
-    def _list(self, namespaced: Any, everywhere: Any, namespaces: Iterable[str]) -> list[Any]:
+    def _list(self, resource: str, namespaces: Iterable[str]) -> list[Any]:
+        """Every object of ``resource`` (:data:`LIST_CALLS`) in these namespaces (all when
+        empty): one LIST per namespace."""
+        api_name, namespaced, everywhere = LIST_CALLS[resource]
+        api = self.core if api_name == "core" else self.apps
         selected = list(namespaces)
         options = {"_preload_content": False, "_request_timeout": self.timeout_s}
         if not selected:
-            return self._items(everywhere(**options))
+            return self._items(getattr(api, everywhere)(**options))
         out = []
         for ns in selected:
-            out += self._items(namespaced(ns, **options))
+            out += self._items(getattr(api, namespaced)(ns, **options))
         return out
-
-    def _workloads(self, kind: str, namespaces: list[str]) -> list[dict[str, Any]]:
-        apps = self.apps
-        if kind == STATEFULSET:
-            return self._list(apps.list_namespaced_stateful_set,
-                              apps.list_stateful_set_for_all_namespaces, namespaces)  # fmt: skip
-        if kind == DAEMONSET:
-            return self._list(apps.list_namespaced_daemon_set,
-                              apps.list_daemon_set_for_all_namespaces, namespaces)  # fmt: skip
-        return self._list(
-            apps.list_namespaced_deployment, apps.list_deployment_for_all_namespaces, namespaces
-        )
 
     def deployments(
         self, namespaces: Iterable[str], kinds: tuple[str, ...] = (DEPLOYMENT,)
@@ -247,7 +253,7 @@ class KubeWorkloadStore:
         namespace)."""
         selected = list(namespaces)
         return [workload_info(item, kind) for kind in kinds
-                for item in self._workloads(kind, selected)]  # fmt: skip
+                for item in self._list(kind, selected)]  # fmt: skip
 
     def pod_owners(self, namespaces: Iterable[str], kinds: tuple[str, ...] = (DEPLOYMENT,),
                    listed: Iterable[DeploymentInfo] | None = None) -> Owners:  # fmt: skip
@@ -257,11 +263,8 @@ class KubeWorkloadStore:
         :meth:`deployments` gave for the same namespaces and kinds), else listed here."""
         selected = list(namespaces)
         owners = Owners()
-        apps, core = self.apps, self.core
         if DEPLOYMENT in kinds:
-            replica_sets = self._list(
-                apps.list_namespaced_replica_set, apps.list_replica_set_for_all_namespaces, selected
-            )
+            replica_sets = self._list(REPLICASETS, selected)
             for rs in replica_sets:
                 deploy = _owner(rs.get("metadata", {}), DEPLOYMENT)
                 if deploy is not None:
@@ -271,9 +274,9 @@ class KubeWorkloadStore:
                                   if w.kind in (STATEFULSET, DAEMONSET)})  # fmt: skip
         else:
             for kind in (k for k in (STATEFULSET, DAEMONSET) if k in kinds):
-                for item in self._workloads(kind, selected):
+                for item in self._list(kind, selected):
                     meta = item.get("metadata", {})
                     owners.direct[(meta.get("namespace", ""), meta.get("name", ""))] = kind
-        pods = self._list(core.list_namespaced_pod, core.list_pod_for_all_namespaces, selected)
+        pods = self._list(PODS, selected)
         link_pods(owners, (pod_link(pod) for pod in pods))
         return owners
