@@ -39,7 +39,6 @@ import contextlib
 import http.client
 import json
 import os
-import re
 import socket
 import ssl
 import statistics
@@ -56,7 +55,7 @@ from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests")]
-from kube import Kube, fresh_name  # noqa: E402
+from kube import Kube, api_requests, fresh_name  # noqa: E402
 from kube_faults import FaultProxy  # noqa: E402
 from shop import Workload, deployment, openmetrics  # noqa: E402
 from support.apply import World  # noqa: E402
@@ -249,17 +248,11 @@ def writes(plane: ControlPlane) -> collections.Counter[str]:
     """Every client's writes the API server counted so far (``apiserver_request_total``), by
     verb and resource; the nodes' heartbeats (leases, node status) left out: they come with
     time (kwok's and the kubelet's, every few seconds), not with the change."""
-    status, text = plane.request("GET", "/metrics")
-    assert status == 200, text
     out: collections.Counter[str] = collections.Counter()
-    for line in str(text).splitlines():
-        if not line.startswith("apiserver_request_total{"):
-            continue
-        labels, value = line[len("apiserver_request_total{") :].rsplit("} ", 1)
-        found = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+    for found, value in api_requests(plane):
         if found.get("verb") in WRITES and found.get("resource") not in ("leases", "nodes"):
             sub = f"/{found['subresource']}" if found.get("subresource") else ""
-            out[f"{found['verb']} {found.get('resource')}{sub}"] += int(float(value))
+            out[f"{found['verb']} {found.get('resource')}{sub}"] += value
     return out
 
 

@@ -29,7 +29,6 @@ import argparse
 import collections
 import json
 import math
-import re
 import sys
 import time
 import urllib.parse
@@ -42,6 +41,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
 from cluster_query import BOUNDS, cdf, shape  # noqa: E402
+from kube import api_requests as counted  # noqa: E402
 from unthrottle.agent.sampling import BUCKETS_CORES  # noqa: E402
 from unthrottle.metrics.source import PrometheusConfig, PrometheusSource, RangeSeries, Sample  # noqa: E402
 from unthrottle_lab.kube import ControlPlane, ensure_built, fake_node  # noqa: E402
@@ -224,19 +224,12 @@ def api_requests(plane: ControlPlane) -> collections.Counter[str]:
     resource and scope; the nodes' heartbeats (leases, node status) and the watches' own
     renewals left out. The benchmark's requests are counted too: one GET of the policy and
     the operator's writes (status, report, checkpoints, events) per reconcile."""
-    status, text = plane.request("GET", "/metrics")
-    assert status == 200, text
     out: collections.Counter[str] = collections.Counter()
-    for line in str(text).splitlines():
-        if not line.startswith("apiserver_request_total{"):
-            continue
-        labels, value = line[len("apiserver_request_total{") :].rsplit("} ", 1)
-        found = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+    for found, value in counted(plane):
         if found.get("resource") in ("leases", "nodes") or found.get("verb") == "WATCH":
             continue
         sub = f"/{found['subresource']}" if found.get("subresource") else ""
-        out[f"{found['verb']} {found.get('resource')}{sub} ({found.get('scope')})"] += int(
-            float(value))  # fmt: skip
+        out[f"{found['verb']} {found.get('resource')}{sub} ({found.get('scope')})"] += value
     return out
 
 

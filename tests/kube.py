@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import secrets
 from collections.abc import Callable
 from pathlib import Path
@@ -191,6 +192,19 @@ class Kube:
         from kubernetes import config
 
         return config.new_client_from_config(str(kubeconfig or self.plane.kubeconfig))
+
+
+def api_requests(plane: ControlPlane) -> list[tuple[dict[str, str], int]]:
+    """Every series of the API server's own ``apiserver_request_total`` so far: its labels
+    (verb, resource, subresource, scope, ...) and its count."""
+    status, text = plane.request("GET", "/metrics")
+    assert status == 200, text
+    out = []
+    for line in str(text).splitlines():
+        if line.startswith("apiserver_request_total{"):
+            labels, value = line[len("apiserver_request_total{") :].rsplit("} ", 1)
+            out.append((dict(re.findall(r'(\w+)="([^"]*)"', labels)), int(float(value))))
+    return out
 
 
 def fresh_name(prefix: str) -> str:

@@ -6,14 +6,13 @@ real Prometheus serving a day of backfilled history."""
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
-from kube import Kube
+from kube import Kube, api_requests
 from kube_faults import FaultProxy
 from operator_proc import OperatorProcess
 from prom import PrometheusServer, free_port, requires_prometheus
@@ -168,15 +167,11 @@ LISTED = ("deployments", "replicasets", "pods")
 def _namespaced_lists(running: Running) -> dict[str, int]:
     """The namespace-scoped LISTs of Deployments, ReplicaSets and pods the API server has
     served so far, any client's (its own ``apiserver_request_total``)."""
-    status, text = running.kube.plane.request("GET", "/metrics")
-    assert status == 200, text
     out = dict.fromkeys(LISTED, 0)
-    for line in str(text).splitlines():
-        if line.startswith("apiserver_request_total{"):
-            labels = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}", 1)[0]))
-            if (labels.get("verb"), labels.get("scope")) == ("LIST", "namespace") and (
-                labels.get("resource") in out and not labels.get("subresource")):  # fmt: skip
-                out[labels["resource"]] += int(float(line.rsplit(" ", 1)[1]))
+    for labels, value in api_requests(running.kube.plane):
+        if (labels.get("verb"), labels.get("scope")) == ("LIST", "namespace") and (
+            labels.get("resource") in out and not labels.get("subresource")):  # fmt: skip
+            out[labels["resource"]] += value
     return out
 
 
