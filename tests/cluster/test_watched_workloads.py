@@ -131,3 +131,26 @@ def _read(store: WatchedWorkloadStore, ns: str) -> list[str] | None:
         return sorted(d.name for d in store.deployments([ns]))
     except WatchStale:
         return None
+
+
+def test_closing_the_store_ends_its_open_watches_at_once(
+    kube: Kube, watched: tuple[WatchedWorkloadStore, FaultProxy]
+) -> None:
+    """An operator or agent that stops lets go of its watches at once, not when the server
+    next writes to them (a bookmark, about a minute later): each watch thread is blocked
+    reading an idle stream when ``close`` comes."""
+    store, _ = watched
+    ns = kube.namespace
+    kube.create(DEPLOYMENTS, deployment(ns, "checkout"))
+    kube.rolled_out(ns, "checkout")
+    store.deployments([ns])
+    store.pod_owners([ns], (DEPLOYMENT,))
+    informers = list(store.informers.values())
+    assert len(informers) == 3
+    time.sleep(1.0)  # every watch open and idle
+    started = time.monotonic()
+    store.close()
+    took = time.monotonic() - started
+    alive = [i.name for i in informers if i._thread.is_alive()]
+    assert not alive, f"still watching after close: {alive}"
+    assert took < 5.0, f"closing three idle watches took {took:.1f} s"

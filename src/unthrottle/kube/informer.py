@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Hashable
@@ -131,6 +132,13 @@ class Informer(Generic[V]):
         self._stop.set()
         response = self._response
         if response is not None:
+            # The watch thread is blocked reading this response, holding its buffer's lock,
+            # and closing the response waits for that lock: until the next line comes (a
+            # bookmark, about a minute). Shutting the socket down ends the read at once.
+            sock = getattr(getattr(response, "connection", None), "sock", None)
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
             # closing a connection that the watch thread reads from: it may say so
             with contextlib.suppress(Exception):
                 response.close()
