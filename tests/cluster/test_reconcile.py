@@ -145,8 +145,9 @@ def test_a_policy_named_at_the_63_character_limit_gets_its_report_and_checkpoint
               if e["involvedObject"].get("uid") == uid]  # fmt: skip
     assert [(e["reason"], e["involvedObject"]["name"]) for e in events] == [
         ("Recommended", LONGEST)]  # fmt: skip
-    # ten minutes later, a new operator process reads its pieces back, and only the gap
-    clock[0] += 600
+    # 15 minutes later (a 750 s slot has aged), a new operator process reads its pieces
+    # back, and only the gap
+    clock[0] += 900
     second, reader = restarted()
     assert second.reconcile(world.body(LONGEST)).fault is None
     assert [r.kind for r in reader.reads] == ["head", "tail"]

@@ -73,6 +73,35 @@ def test_later_reads_are_the_head_and_the_tail_and_agree_with_a_fresh_read(
     assert state.evidence(T0 + 16 * 300)[KEY].throttle_ratio() == pytest.approx(0, abs=0.005)
 
 
+def test_the_tail_is_read_once_a_slot_of_it_has_left_the_window(
+    source: PrometheusSource,
+) -> None:
+    """A reconcile a minute over a 1 h window (150 s slots): the first read's tail is read
+    and subtracted once a slot of it has left the window, not every minute (that doubled
+    a steady reconcile's queries). Until then the evidence is a fresh read of the window
+    and what of the tail is still to leave, less than a slot more, as the head's slots
+    once they leave the window."""
+    state = SlidingEvidence(WINDOW)
+    _read(state, source, T0)
+    kinds = []
+    for step in range(1, 11):
+        now = T0 + step * 60
+        before = source.queries
+        kinds.append(_read(state, source, now))
+        assert source.queries - before == 9 * len(kinds[-1])
+        assert state.aged_until is not None
+        covered = round(now - state.aged_until)
+        assert WINDOW <= covered < WINDOW + state.slot_s
+        fresh = fetch(source, ["ns"], covered, at=now, owners=OWNERS).get(KEY)
+        item = state.evidence(now).get(KEY)
+        assert item is not None and fresh is not None
+        assert item.throttle_ratio() == pytest.approx(fresh.throttle_ratio(), abs=0.01), now - T0
+        assert _limit(item) == _limit(fresh), now - T0
+    tails = [step for step, read in enumerate(kinds, start=1) if "tail" in read]
+    assert tails == [3, 6, 9]  # 180 s of it left at each: a slot and some
+    assert all(read[0] == "head" for read in kinds)
+
+
 def test_a_restart_from_the_checkpoint_reads_only_the_gap(source: PrometheusSource) -> None:
     state = SlidingEvidence(WINDOW)
     _read(state, source, T0)

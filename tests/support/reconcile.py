@@ -141,7 +141,7 @@ def test_a_restarted_operator_reads_only_the_gap_from_its_checkpoint(world: Worl
     assert checkpoint is not None and checkpoint["binaryData"]["checkpoint"]
     assert checkpoint["metadata"]["ownerReferences"][0]["name"] == "kept"
     before = {w["deployment"]: w["containers"] for w in world.body("kept")["status"]["workloads"]}
-    clock[0] += 600  # ten minutes later, a new operator process
+    clock[0] += 900  # a quarter of an hour later (a 750 s slot has aged), a new process
     second, reader = restarted()
     assert second.reconcile(world.body("kept")).fault is None
     assert [r.kind for r in reader.reads] == ["head", "tail"]

@@ -7,12 +7,17 @@ The first reconcile reads the whole window with :func:`~unthrottle.evidence.fetc
 - the **head**, what is new since the last read, folded into
   :class:`~unthrottle.evidence.aggregates.WindowAggregates`' slots (which age out whole);
 - while the first read is still in the window, its **tail**: the span that left the
-  window since the last read, read as its own increase and subtracted from the first
-  read. Once the window has moved past the first read's end, nothing of it is left and
-  it is dropped.
+  window since the last tail, read as its own increase and subtracted from the first
+  read, once a whole slot of it has left (the head's slots also leave the window a
+  slot at a time, so the evidence covers the window and at most one slot more either
+  way). Once the window has moved past the first read's end, nothing of it is left
+  and it is dropped.
 
 Each is one batch of queries over a few minutes of samples: a 5-minute step on a 24 h
-window reads about 0.35 % of the samples per batch, 0.7 % with the tail. The
+window reads about 0.35 % of the samples per batch; the tail, an hour's worth once an
+hour, as much again in one reconcile of twelve. Reading the tail every reconcile
+doubled the steady reconcile's queries and its CPU for the first day
+(docs/benchmarks.md §9) and made the window no more exact than its slots. The
 subtraction is exact up to Prometheus's ``increase`` extrapolation at span edges
 (≤ 1 % of a span); a residue is clamped at zero, and it is gone with the first read.
 Nothing is decayed by guesswork.
@@ -101,10 +106,14 @@ class SlidingEvidence:
         self.first_end: float | None = None
         self.aged_until: float | None = None
         self.read_until: float | None = None
+        self._left: tuple[tuple[int, int], dict[WorkloadKey, ContainerEvidence]] | None = None
+        """What is left of the first read (its tails subtracted), and the versions of the
+        two stores it was computed at: it changes only when a tail is read."""
 
     def plan(self, now: float) -> list[Read]:
         """What to read at ``now``: the whole window first (or after a gap longer than it),
-        then the head and, while the first read is in the window, its tail."""
+        then the head and, while the first read is in the window, its tail once a slot
+        of it (or the last of it) has left the window."""
         if self.read_until is None or now - self.read_until > self.window_s:
             return [Read("full", now - self.window_s, now)]
         reads = []
@@ -113,7 +122,7 @@ class SlidingEvidence:
         if self.first_end is not None and self.aged_until is not None:
             edge = min(now - self.window_s, self.first_end)
             whole = math.floor(edge - self.aged_until)  # an instant read's range: whole seconds
-            if whole >= MIN_READ_S or (edge >= self.first_end and whole >= 1):
+            if whole >= self.slot_s or (edge >= self.first_end and whole >= 1):
                 reads.append(Read("tail", self.aged_until, self.aged_until + whole))
         return reads
 
@@ -146,11 +155,22 @@ class SlidingEvidence:
         found = self.head.evidence(now)
         if self.first is None or self.aged is None:
             return found
-        aged = self.aged.evidence(now)
-        for key, item in self.first.evidence(now).items():
-            left = _combine(item, aged[key], -1.0) if key in aged else item
-            found[key] = _combine(found[key], left, 1.0) if key in found else left
+        for key, left in self._first_left(now).items():
+            # a new object either way: the caller may change what it is given
+            found[key] = _combine(found[key] if key in found else ContainerEvidence(key),
+                                  left, 1.0)  # fmt: skip
         return found
+
+    def _first_left(self, now: float) -> dict[WorkloadKey, ContainerEvidence]:
+        """The first read less its tails (its stores never age: ``now`` does not matter)."""
+        assert self.first is not None and self.aged is not None
+        versions = (self.first.version, self.aged.version)
+        if self._left is None or self._left[0] != versions:
+            aged = self.aged.evidence(now)
+            left = {key: _combine(item, aged[key], -1.0) if key in aged else item
+                    for key, item in self.first.evidence(now).items()}  # fmt: skip
+            self._left = (versions, left)
+        return self._left[1]
 
     # -- checkpoint ---------------------------------------------------------------------
 
