@@ -15,6 +15,7 @@ import yaml
 from rich.console import Console
 from rich.text import Text
 
+from unthrottle.cli.collection import fewer_collections
 from unthrottle.cli.text import hide, plain
 
 err = Console(stderr=True, highlight=False, emoji=False, soft_wrap=True)
@@ -35,6 +36,7 @@ def run_guarded(app: typer.Typer) -> None:
     """Run a console script's app. A bug ends in one line, not a traceback (which may show
     a secret); ``UNTHROTTLE_DEBUG=1`` shows the traceback. ``unthrottle`` and the
     laboratory's ``unthrottle-lab`` both end this way."""
+    fewer_collections()
     try:
         app()
     except Exception as error:

@@ -32,6 +32,10 @@ class PodLevel:
         self.pods: dict[tuple[int, str, str], dict[str, float]] = {}
         # (step, namespace, pod) → container → [evidence, usage, periods]
         self.members: dict[tuple[int, str, str], dict[str, list[Any]]] = {}
+        # what :meth:`note` was given: counted in :meth:`share`, for the pods that have
+        # counters of their own (most answers hold none; their containers cost nothing)
+        self._notes: list[tuple[dict[str, str], str, Sequence[int],
+                                list[ContainerEvidence], Sequence[float]]] = []  # fmt: skip
 
     def add(self, owners: Owners, labels: dict[str, str], name: str, at: Sequence[int],
             values: Sequence[float]) -> None:  # fmt: skip
@@ -47,18 +51,27 @@ class PodLevel:
     def note(self, labels: dict[str, str], name: str, at: Sequence[int],
              items: list[ContainerEvidence] | None, values: Sequence[float]) -> None:  # fmt: skip
         """A container's usage or periods in one pod, which its share is measured by."""
-        if items is None or name not in ("usage_seconds", "periods"):
-            return
-        ident = (labels.get("namespace", ""), labels.get("pod", ""))
-        column = 1 if name == "usage_seconds" else 2
-        for k, item, value in zip(at, items, values, strict=False):
-            member = self.members.setdefault((k, *ident), {}).setdefault(
-                labels.get("container", ""), [item, 0.0, 0.0]
-            )
-            member[column] += value if math.isfinite(value) else 0.0
+        if items is not None and name in ("usage_seconds", "periods"):
+            self._notes.append((labels, name, at, items, values))
+
+    def _members(self) -> None:
+        """The noted containers' usage and periods, for the pods that have counters."""
+        pods = {(ns, pod) for _, ns, pod in self.pods}
+        for labels, name, at, items, values in self._notes:
+            ident = (labels.get("namespace", ""), labels.get("pod", ""))
+            if ident not in pods:
+                continue
+            column = 1 if name == "usage_seconds" else 2
+            for k, item, value in zip(at, items, values, strict=False):
+                member = self.members.setdefault((k, *ident), {}).setdefault(
+                    labels.get("container", ""), [item, 0.0, 0.0]
+                )
+                member[column] += value if math.isfinite(value) else 0.0
+        self._notes.clear()
 
     def share(self) -> None:
         """Give every container its share of its pod's throttling at each step."""
+        self._members()
         for at, counters in self.pods.items():
             members = self.members.get(at)
             if not members:
