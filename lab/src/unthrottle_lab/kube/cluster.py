@@ -107,10 +107,14 @@ class ControlPlane:
     """Start with :meth:`start` (or ``with``); ``kubeconfig`` is then the admin's."""
 
     def __init__(self, folder: Path, *, nodes: int = 3, binaries: Binaries | None = None,
-                 timeout_s: float = 90.0) -> None:  # fmt: skip
+                 timeout_s: float = 90.0, client_qps: int | None = None) -> None:  # fmt: skip
         self.folder = folder
         self.nodes = nodes
         self.timeout_s = timeout_s
+        self.client_qps = client_qps
+        """The controllers' and the scheduler's requests per second to the API server (their
+        defaults, 20 and 50, when None); a benchmark that rolls out thousands of Deployments
+        raises it, or their client-side rate limit sets its pace."""
         self._binaries = binaries
         self._procs: list[tuple[str, subprocess.Popen[bytes]]] = []
         self._made: list[Path] = []
@@ -339,6 +343,8 @@ class ControlPlane:
                      f"--authorization-kubeconfig={self.kubeconfig}"]  # fmt: skip
         cm_port, sched_port, kwok_port = free_port(), free_port(), free_port()
         private = self.pki.service_accounts[1]
+        qps = self.client_qps
+        rate = [f"--kube-api-qps={qps}", f"--kube-api-burst={2 * qps}"] if qps else []
         self._spawn("kube-controller-manager", [
             kubeconfig, *delegated, "--leader-elect=false",
             "--bind-address=127.0.0.1", f"--secure-port={cm_port}",
@@ -347,12 +353,12 @@ class ControlPlane:
             f"--service-account-private-key-file={private}", f"--root-ca-file={self.pki.ca}",
             f"--cluster-signing-cert-file={self.pki.ca}",
             f"--cluster-signing-key-file={self.pki.ca_key}",
-            "--v=1",
+            "--v=1", *rate,
         ])  # fmt: skip
         self._spawn("kube-scheduler", [
             kubeconfig, *delegated, "--leader-elect=false",
             "--bind-address=127.0.0.1", f"--secure-port={sched_port}",
-            f"--cert-dir={self.folder / 'pki'}", "--v=1",
+            f"--cert-dir={self.folder / 'pki'}", "--v=1", *rate,
         ])  # fmt: skip
         key, value = FAKE_NODE_ANNOTATION
         self._spawn("kwok", [
