@@ -133,39 +133,19 @@ def build(cache: Path, replicasets: list[str]) -> tuple[Path, int]:
         print("history: built for other ReplicaSets, building it again", flush=True)
         shutil.rmtree(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    text, pending = folder / "history.om", folder / "pending.json"
-    kept = json.loads(pending.read_text()) if pending.exists() else {}
-    if kept.get("replicasets") == replicasets and _whole(text):
-        # written by a run stopped while backfilling (10,000 Deployments: 43 GB, 11 min)
-        end, series = int(kept["end"]), int(kept["series"])
-        print(f"history: {series} series already written", flush=True)
-    else:
-        end = int(time.time()) // STEP * STEP
-        started = time.monotonic()
-        series = write_history(text, replicasets, end)
-        pending.write_text(json.dumps({"end": end, "series": series,
-                                       "replicasets": replicasets}))  # fmt: skip
-        print(f"history: {series} series written in {time.monotonic() - started:.0f} s",
-              flush=True)  # fmt: skip
+    end = int(time.time()) // STEP * STEP
+    text = folder / "history.om"
     started = time.monotonic()
-    shutil.rmtree(folder / "tsdb", ignore_errors=True)  # what a stopped backfill left
+    series = write_history(text, replicasets, end)
+    print(f"history: {series} series written in {time.monotonic() - started:.0f} s", flush=True)
+    started = time.monotonic()
     subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics",
                     "--max-block-duration=24h", str(text), str(folder / "tsdb")],
                    check=True, capture_output=True)  # fmt: skip
     print(f"backfilled in {time.monotonic() - started:.0f} s", flush=True)
     text.unlink()
-    pending.unlink()
     info.write_text(json.dumps({"end": end, "series": series, "replicasets": replicasets}))
     return folder, end
-
-
-def _whole(text: Path) -> bool:
-    """Whether a history file was written to its end (OpenMetrics ends with ``# EOF``)."""
-    if not text.exists() or text.stat().st_size < 6:
-        return False
-    with text.open("rb") as f:
-        f.seek(-6, 2)
-        return f.read() == b"# EOF\n"
 
 
 def deployment(d: int) -> dict[str, Any]:
